@@ -1,0 +1,242 @@
+"""The generated-environment contract (ENV_CONTRACT.md, v1) as code, and the data that flows
+between envforge's stages.
+
+A generated environment is one Python file, ``env.py``, written by an LLM or a template. It is
+untrusted. This module says what such a file may contain (the allow-lists and limits the static
+audit enforces), what its messages look like, and what the gate reports about it (``Finding``,
+``Report``). It imports nothing outside the standard library, and every other module of envforge
+may import it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypedDict
+
+CONTRACT_VERSION = 1
+
+# --------------------------------------------------------------------------- the file
+
+#: Modules ``env.py`` may import (top-level names; ``collections.abc`` counts as ``collections``).
+ALLOWED_IMPORTS = frozenset({
+    "json", "random", "math", "re", "string", "itertools", "collections", "copy", "dataclasses",
+    "typing", "enum", "functools", "statistics", "decimal", "fractions", "datetime", "textwrap",
+    "hashlib",
+})
+
+#: Builtins that ``env.py`` may not name at all: code execution, I/O, introspection of scopes.
+FORBIDDEN_BUILTINS = frozenset({
+    "eval", "exec", "compile", "open", "__import__", "globals", "locals", "vars", "input",
+    "breakpoint", "help", "memoryview", "exit", "quit", "copyright", "credits", "license",
+    "__build_class__", "__loader__", "__spec__", "__builtins__",
+})
+
+#: Builtins allowed only with a constant, non-dunder attribute name (``getattr(x, "name")``).
+ATTRIBUTE_BUILTINS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
+
+#: Builtins whose results depend on the process (memory addresses, PYTHONHASHSEED): a warning,
+#: since the dynamic determinism check decides whether they leak into observations.
+PROCESS_DEPENDENT_BUILTINS = frozenset({"id", "hash"})
+
+#: Dunder names that may be used as plain names (``if __name__ == "__main__":``, ``__all__``).
+ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__all__", "__doc__", "__slots__"})
+
+#: Module-level functions of ``random`` that draw from the shared, unseeded generator.
+RANDOM_GLOBAL_FUNCTIONS = frozenset({
+    "random", "randint", "randrange", "randbytes", "choice", "choices", "shuffle", "sample",
+    "uniform", "triangular", "betavariate", "binomialvariate", "expovariate", "gammavariate",
+    "gauss", "lognormvariate", "normalvariate", "vonmisesvariate", "paretovariate",
+    "weibullvariate", "getrandbits", "seed", "getstate", "setstate", "SystemRandom",
+})
+
+#: Dotted names that read the wall clock or another entropy source.
+CLOCK_SOURCES = frozenset({
+    "datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow",
+    "datetime.date.today",
+})
+
+MAX_SOURCE_BYTES = 100_000
+DEFAULT_MAX_TURNS = 10
+MAX_TURNS_LIMIT = 50
+
+#: The methods of ``Env`` and their positional parameters after ``self``.
+ENV_METHODS = {"reset": ("seed",), "step": ("action",), "solve": ("seed",)}
+
+# --------------------------------------------------------------------------- messages
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str  # a JSON string, as the OpenAI API sends it
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class Message(TypedDict, total=False):
+    role: Role
+    content: str | None
+    tool_calls: list[ToolCall]
+    tool_call_id: str
+
+
+class Observation(TypedDict):
+    messages: list[Message]
+
+
+#: An action is one assistant message.
+Action = Message
+
+
+def tool_call(name: str, arguments: dict | str, call_id: str = "call_0") -> ToolCall:
+    """Build one tool call; ``arguments`` may be a dict (encoded as JSON) or a raw string."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def assistant(content: str | None = None, tool_calls: list[ToolCall] | None = None) -> Message:
+    msg: Message = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
+def message_problem(msg: Any) -> str | None:
+    """Why ``msg`` is not a contract message, or None when it is one."""
+    if not isinstance(msg, dict):
+        return f"a message must be a dict, got {type(msg).__name__}"
+    role = msg.get("role")
+    if role not in ROLES:
+        return f"message role must be one of {', '.join(ROLES)}, got {role!r}"
+    content = msg.get("content")
+    if role in ("system", "user", "tool") and not isinstance(content, str):
+        return f"a {role} message needs string content, got {type(content).__name__}"
+    if role == "assistant":
+        if content is not None and not isinstance(content, str):
+            return f"assistant content must be a string or null, got {type(content).__name__}"
+        calls = msg.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            return "assistant tool_calls must be a list"
+    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        return "a tool message needs a string tool_call_id"
+    return None
+
+
+# --------------------------------------------------------------------------- findings
+
+Severity = Literal["error", "warning"]
+Verdict = Literal["accept", "reject"]
+
+#: Every check the gate runs, in order. A finding's ``check`` is one of these.
+CHECKS = (
+    "input",            # the file could not be read as Python source at all
+    "static.syntax",
+    "static.size",
+    "static.import",
+    "static.builtin",
+    "static.dunder",
+    "static.entropy",
+    "contract.shape",
+    "schema.fidelity",
+    "schema.unknown_tool",
+    "sandbox",          # the env could not be loaded in the sandbox
+    "json",
+    "contract.runtime",  # reset/step/solve returned something the contract does not allow
+    "determinism",
+    "diversity",
+    "solvability",
+    "free_reward",
+    "partial_credit",
+    "robustness",
+    "bounded",
+    "isolation",
+)
+
+
+@dataclass
+class Finding:
+    """One thing the gate found. ``expected``/``actual`` carry the evidence when there is some."""
+    check: str
+    severity: Severity
+    message: str
+    expected: Any = None
+    actual: Any = None
+
+    def __post_init__(self) -> None:
+        if self.check not in CHECKS:
+            raise ValueError(f"unknown check {self.check!r}; known checks: {', '.join(CHECKS)}")
+        if self.severity not in ("error", "warning"):
+            raise ValueError(f"severity must be 'error' or 'warning', got {self.severity!r}")
+
+    def to_dict(self) -> dict:
+        d = {"check": self.check, "severity": self.severity, "message": self.message}
+        if self.expected is not None:
+            d["expected"] = self.expected
+        if self.actual is not None:
+            d["actual"] = self.actual
+        return d
+
+
+def error(check: str, message: str, expected: Any = None, actual: Any = None) -> Finding:
+    return Finding(check, "error", message, expected, actual)
+
+
+def warning(check: str, message: str, expected: Any = None, actual: Any = None) -> Finding:
+    return Finding(check, "warning", message, expected, actual)
+
+
+@dataclass
+class Report:
+    """The gate's verdict on one env: accepted when no finding is an error."""
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    target: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # stage name -> seconds
+    stats: dict[str, Any] = field(default_factory=dict)     # measured values (scores, counts)
+
+    @property
+    def verdict(self) -> Verdict:
+        return "reject" if any(f.severity == "error" for f in self.findings) else "accept"
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accept"
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "verdict": self.verdict, "target": self.target,
+                "contract_version": CONTRACT_VERSION,
+                "findings": [f.to_dict() for f in self.findings],
+                "stages": {k: round(v, 4) for k, v in self.stages.items()}, "stats": self.stats}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one sandboxed env process (or container)."""
+    call_timeout_s: float = 5.0       # wall-clock seconds for one reset/step/solve call
+    load_timeout_s: float = 10.0      # wall-clock seconds to start the sandbox and load env.py
+    memory_mb: int = 1024             # address space of the sandboxed process
+    cpu_s: int = 300                  # CPU seconds over the sandbox's whole life (a backstop)
+    max_message_bytes: int = 4 << 20  # one protocol line from the sandbox
+    max_open_files: int = 64
+
+    def __post_init__(self) -> None:
+        if self.call_timeout_s <= 0 or self.load_timeout_s <= 0:
+            raise ValueError("call_timeout_s and load_timeout_s must be positive seconds")
+        if self.memory_mb < 64:
+            raise ValueError("memory_mb below 64 cannot start a Python interpreter; use >= 256")
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of a value: sorted keys, no insignificant whitespace."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def as_plain(obj: Any) -> Any:
+    """A dataclass (or anything) as plain JSON-ready data."""
+    return asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj

@@ -1,0 +1,54 @@
+"""Error types shared by every stage. Each names the boundary it comes from, so that the CLI can
+map it to an exit code and a message that says what to fix (1: the input or a run failed,
+2: the command was used wrongly)."""
+from __future__ import annotations
+
+
+class EnvforgeError(Exception):
+    """Base class. ``str(err)`` is a complete message for a person: what was wrong, and the fix."""
+    exit_code = 1
+
+
+class UsageError(EnvforgeError):
+    """The command line asked for something that cannot be done as asked (exit 2)."""
+    exit_code = 2
+
+
+class InputError(EnvforgeError):
+    """A file the user gave could not be read or has the wrong shape (exit 1)."""
+
+
+class TargetError(InputError):
+    """A target folder or schema file is missing or malformed."""
+
+
+class SandboxError(EnvforgeError):
+    """Base of everything that goes wrong at the sandbox boundary."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The requested sandbox backend cannot run on this machine; the message says why and how."""
+
+
+class SandboxTimeout(SandboxError):
+    """A call into the sandbox did not answer within its time limit; the sandbox was killed."""
+
+
+class SandboxCrashed(SandboxError):
+    """The sandboxed process died (killed by a limit, a signal, or its own exit)."""
+
+
+class SandboxProtocolError(SandboxError):
+    """The sandbox answered something that is not the protocol (too large, not JSON, wrong id)."""
+
+
+class EnvCallError(SandboxError):
+    """The env's own code raised (or broke the contract) inside the sandbox. The sandbox lives on.
+
+    ``kind`` is "env" (an exception in env code), "json" (a value that is not JSON) or "contract"
+    (wrong arity of a returned tuple, missing attribute); ``type`` is the exception class name.
+    """
+
+    def __init__(self, kind: str, type_: str, message: str, traceback: str = ""):
+        super().__init__(f"{type_}: {message}" if type_ else message)
+        self.kind, self.type, self.message, self.traceback = kind, type_, message, traceback
