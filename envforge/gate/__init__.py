@@ -1,0 +1,121 @@
+"""The gate: decides whether an LLM-written env is safe and fit to train on.
+
+Checks run in order and each adds findings; an env is accepted when no finding is an error.
+
+1. static (``static.py``): no code runs; the AST audit of imports, builtins, dunders, entropy and
+   clock sources, size, and the contract's shape;
+2. schema fidelity (``schema.py``): ``Env.tools`` equals the target's tools as canonical JSON;
+3. dynamic (``dynamic.py``): the env runs in a sandbox (``sandbox/``) under probe policies and
+   hypothesis state machines: JSON only, determinism, diversity, solvability, no free reward,
+   partial credit, robustness, bounded calls and episodes, isolation of instances.
+
+A rejected env gets every finding it earned: the dynamic stage runs even after static errors
+(the sandbox, not the static audit, is the isolation boundary), unless the source could not be
+parsed at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from envforge.contract import CHECKS, Report, warning
+from envforge.errors import InputError, UsageError
+from envforge.gate.dynamic import GateSettings
+from envforge.targets import Target, load_target
+
+UNPARSABLE = {"input", "static.syntax", "static.size"}
+
+
+def resolve_env(path: str | Path) -> Path:
+    """The env.py file for PATH (an env folder or the file itself)."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "env.py").is_file():
+            raise UsageError(f"{p} is a folder without env.py; give an env folder or an env.py file")
+        return p / "env.py"
+    if not p.exists():
+        raise UsageError(f"{p} does not exist; give an env folder (holding env.py) or an env.py file")
+    return p
+
+
+def target_for(env_file: Path, target: str | Path | Target | None) -> tuple[Target | None, str | None]:
+    """The target to check against: the one given, else the one manifest.json names.
+
+    Returns (target, problem): problem says why no target could be used (None when fine).
+    """
+    if isinstance(target, Target):
+        return target, None
+    if target is not None:
+        return load_target(target), None
+    manifest = env_file.parent / "manifest.json"
+    if not manifest.is_file():
+        return None, "no --target given and no manifest.json beside env.py naming one"
+    try:
+        named = json.loads(manifest.read_text(encoding="utf-8")).get("target")
+    except (ValueError, OSError, AttributeError):
+        return None, f"{manifest} is not a JSON object; pass --target"
+    if not isinstance(named, str) or not named:
+        return None, f"{manifest} names no target; pass --target"
+    candidates = [named, env_file.parent / named]
+    candidates += [Path(d) / named for d in os.environ.get("ENVFORGE_TARGETS", "").split(os.pathsep) if d]
+    for c in candidates:
+        if str(c) == "example" or Path(c).exists():
+            return load_target(c), None
+    return None, (f"manifest.json names target {named!r}, which was not found (looked in the current "
+                  "folder, beside env.py and in $ENVFORGE_TARGETS); pass --target PATH")
+
+
+def audit(path: str | Path, target: str | Path | Target | None = None, static_only: bool = False,
+          backend: str = "auto", settings: GateSettings | None = None, write_report: bool = True,
+          progress: Callable[[str], None] | None = None) -> Report:
+    """Audit one env (folder or env.py) and return its report; writes report.json beside it."""
+    from envforge.gate.schema import check_schema, tools_from_source
+    from envforge.gate.static import audit_static
+
+    env_file = resolve_env(path)
+    try:
+        raw = env_file.read_bytes()
+    except OSError as e:
+        raise InputError(f"{env_file}: cannot read ({e.strerror})") from None
+    tgt, why = target_for(env_file, target)
+    report = Report(path=str(path), target=tgt.name if tgt else None)
+    say = progress or (lambda s: None)
+
+    t0 = time.perf_counter()
+    say("static audit")
+    static = audit_static(raw, filename=env_file.name)
+    report.findings += static.findings
+    report.stages["static"] = time.perf_counter() - t0
+    parsable = not any(f.check in UNPARSABLE for f in static.findings)
+    source = raw.decode("utf-8", errors="replace")
+
+    t0 = time.perf_counter()
+    tools = tools_from_source(source) if parsable else None
+    if tgt is None:
+        report.findings.append(warning("schema.fidelity", f"schema fidelity not checked: {why}"))
+    elif tools is not None:
+        report.findings += check_schema(tools, tgt)
+    report.stages["schema"] = time.perf_counter() - t0
+
+    if parsable and not static_only:
+        from envforge.gate.dynamic import run_dynamic
+        from sandbox.base import get_backend
+
+        t0 = time.perf_counter()
+        findings, stats = run_dynamic(source, get_backend(backend), settings, progress=say)
+        dyn_tools = stats.pop("tools", None)
+        if tgt is not None and tools is None and dyn_tools is not None:
+            report.findings += check_schema(dyn_tools, tgt)  # Env.tools was not a literal
+        report.findings += findings
+        report.stats = stats
+        report.stages["dynamic"] = time.perf_counter() - t0
+    report.findings.sort(key=lambda f: (CHECKS.index(f.check), f.severity != "error"))
+    if write_report and Path(path).is_dir():
+        try:
+            (Path(path) / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as e:
+            report.stats["report_json"] = f"not written: {e.strerror}"
+    return report

@@ -1,0 +1,583 @@
+"""The dynamic stage of the gate: the env runs, in a sandbox, under probe policies and hypothesis.
+
+Every property of ENV_CONTRACT.md's table that needs the code to run is checked here:
+
+- probes over ``settings.seeds`` seeds: the reference ``solve``, a perturbed reference (one action
+  dropped, one argument changed, or the plan cut short), a do-nothing policy (talks, calls no
+  tool) and a random policy (schema-valid calls and chatter, drawn by hypothesis);
+- hypothesis state machines whose rules are tool calls drawn from each tool's JSON schema plus
+  malformed calls of every kind (robustness);
+- determinism: the reference and random episodes replayed in the same instance, in a second
+  instance, and in a second sandbox process with another PYTHONHASHSEED;
+- isolation: an episode interleaved step by step with another instance's episode must not change.
+
+Every call has a time limit and the sandbox a memory limit: a hang, a crash or a blow-up becomes
+a ``bounded`` finding and the sandbox is replaced, never a hung audit. Thresholds live in
+``GateSettings``; each finding's message says what was seen and what to change.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limits, assistant,
+                               canonical_json, error, message_problem, tool_call, warning)
+from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
+from envforge.gate.schema import call_problem
+
+
+@dataclass
+class GateSettings:
+    """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
+    issue's budget (at least 50 seeds per property, a full gate in seconds)."""
+    seeds: int = field(default=50, metadata={"help": "seeds per property (probes, diversity)"})
+    robustness_examples: int = field(default=50, metadata={"help": "hypothesis state-machine runs"})
+    replay_random: int = field(default=10, metadata={"help": "random episodes replayed for determinism"})
+    solvable_min: float = field(default=0.95, metadata={"help": "share of seeds solve() must score 1.0 on"})
+    diversity_min: float = field(default=0.9, metadata={"help": "share of seeds that must give distinct scenarios"})
+    free_reward_max: float = field(default=0.3, metadata={"help": "highest mean score allowed to do-nothing/random"})
+    partial_credit_values: int = field(default=3, metadata={"help": "distinct episode scores probes must reach"})
+    hash_seeds: tuple[int, int] = (1, 2)
+    max_sandbox_failures: int = field(default=3, metadata={"help": "sandbox deaths before the stage gives up"})
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 2:
+            raise ValueError("seeds must be at least 2 (diversity compares seeds); the default is 50")
+        if not 0 < self.solvable_min <= 1 or not 0 < self.diversity_min <= 1:
+            raise ValueError("solvable_min and diversity_min are shares in (0, 1]")
+
+
+TALK = ("Hello! How can I help you today?", "Could you tell me a bit more about that?",
+        "I understand. Let me think about it.", "Is there anything else you need?")
+
+
+class GiveUp(Exception):
+    """The sandbox failed too often; the rest of the stage is skipped."""
+
+
+@dataclass
+class Episode:
+    seed: int
+    actions: list = field(default_factory=list)
+    trace: list = field(default_factory=list)   # [reset value, step value, ...]
+    score: float = 0.0
+    ended: bool = False
+    ok: bool = True                              # False when the episode broke off on an error
+
+    def fingerprint(self) -> str:
+        return canonical_json([self.trace[0][0]] + [s[0] for s in self.trace[1:]]) if self.trace else ""
+
+
+class Host:
+    """Drives one env in one sandbox (restarted when it dies) and turns failures into findings."""
+
+    def __init__(self, backend, source: str, settings: GateSettings, hash_seed: int, findings: "Findings"):
+        self.backend, self.source, self.settings = backend, source, settings
+        self.hash_seed, self.findings = hash_seed, findings
+        self.sandbox = None
+        self.meta: dict = {}
+        self.failures = 0
+        self.instances: dict[str, int] = {}
+
+    def start(self) -> dict:
+        self.sandbox = self.backend.start(self.settings.limits, hash_seed=self.hash_seed)
+        self.instances = {}
+        self.meta = self.sandbox.load(self.source)
+        return self.meta
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.kill()
+
+    @property
+    def max_turns(self) -> int:
+        mt = self.meta.get("max_turns", DEFAULT_MAX_TURNS)
+        return mt if isinstance(mt, int) and 1 <= mt <= MAX_TURNS_LIMIT else DEFAULT_MAX_TURNS
+
+    def inst(self, name: str) -> int:
+        """The instance called ``name`` in the live sandbox; a dead sandbox is replaced first."""
+        if self.sandbox is None or self.sandbox.closed:
+            self.failures += 1
+            if self.failures > self.settings.max_sandbox_failures:
+                raise GiveUp()
+            self.start()
+            self.instances = {}
+        if name not in self.instances:
+            self.instances[name] = self.sandbox.new()
+        return self.instances[name]
+
+    def op(self, where: str, op: str, name: str, *args) -> Any:
+        """``sandbox.<op>(instance <name>, *args)``; on failure a finding and None."""
+        try:
+            inst = self.inst(name)  # may replace a dead sandbox, so resolve before the method
+            return getattr(self.sandbox, op)(inst, *args)
+        except EnvCallError as e:
+            if e.kind == "json":
+                self.findings.add("json", f"{where}: {e.message}. Observations, infos and actions must "
+                                  "be plain JSON (dict, list, str, number, bool, None; str keys).")
+            elif e.kind == "contract":
+                self.findings.add("contract.runtime", f"{where}: {e.message}")
+            elif e.type == "MemoryError":
+                self.findings.add("bounded", f"{where}: ran out of memory (limit {self.settings.limits.memory_mb} MiB)")
+            else:
+                tb = e.traceback.strip().splitlines()
+                at = f" ({tb[-2].strip()})" if len(tb) >= 2 else ""
+                self.findings.add("robustness", f"{where}: raised {e.type}: {e.message[:200]}{at}. "
+                                  "An env must answer every action, valid or not, with an observation; "
+                                  "a bad tool call gets a tool message saying what was wrong.",
+                                  key=("robustness", e.type, where.split(" ")[0], at))
+        except SandboxTimeout as e:
+            self.findings.add("bounded", f"{where}: {e}. Every call must return promptly "
+                              "(no unbounded loops or searches).", key=("bounded", "timeout"))
+        except SandboxError as e:
+            self.findings.add("bounded", f"{where}: the sandbox died: {e}", key=("bounded", "crash"))
+        return None
+
+    def episode(self, name: str, seed: int, policy: Callable[[int, list], Any], label: str) -> Episode:
+        """Reset instance ``name`` to ``seed``; step with ``policy(t, messages) -> action | None``."""
+        ep = Episode(seed)
+        value = self.op(f"{label} reset(seed={seed})", "reset", name, seed)
+        if value is None or not check_reset(value, self.meta, self.findings, f"reset(seed={seed})"):
+            ep.ok = False
+            return ep
+        ep.trace.append(value)
+        messages = list(value[0]["messages"])
+        for t in range(self.max_turns):
+            action = policy(t, messages)
+            if action is None:
+                return ep
+            ep.actions.append(action)
+            value = self.op(f"{label} step {t + 1} (seed={seed})", "step", name, action)
+            if value is None or not check_step(value, action, self.meta, self.findings,
+                                               f"{label} step {t + 1} (seed={seed})"):
+                ep.ok = False
+                return ep
+            ep.trace.append(value)
+            ep.score += value[1]
+            messages += [action] + value[0]["messages"]
+            if value[2] or value[3]:
+                ep.ended = True
+                break
+        if not ep.ended and len(ep.actions) >= self.max_turns:
+            self.findings.add("bounded", f"{label}: after max_turns={self.max_turns} steps (seed {seed}) "
+                              "the episode had neither terminated nor truncated; set truncated=True "
+                              "once max_turns steps are taken.", key=("bounded", "max_turns"))
+        if ep.score > 1 + 1e-9:
+            self.findings.add("contract.runtime", f"{label}: episode score {ep.score:g} exceeds 1 "
+                              f"(seed {seed}); step rewards must sum to at most 1.", key=("score", ">1"))
+        return ep
+
+    def replay(self, name: str, ep: Episode, label: str) -> Episode:
+        return self.episode(name, ep.seed, scripted(ep.actions), label)
+
+
+class Findings:
+    """Findings de-duplicated by key, each counting how often it was seen."""
+
+    def __init__(self) -> None:
+        self.items: dict[Any, list] = {}
+
+    def add(self, check: str, message: str, severity: str = "error", key: Any = None, **evidence) -> None:
+        key = key or (check, message)
+        if key in self.items:
+            self.items[key][1] += 1
+        else:
+            self.items[key] = [Finding(check, severity, message, **evidence), 1]
+
+    def has(self, check: str) -> bool:
+        return any(f.check == check for f, _ in self.items.values())
+
+    def result(self) -> list[Finding]:
+        out = []
+        for f, n in self.items.values():
+            if n > 1:
+                f.message += f" (seen {n} times)"
+            out.append(f)
+        return out
+
+
+# --------------------------------------------------------------------------- shape checks
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_info(info: Any, meta: dict, findings: Findings, where: str) -> bool:
+    if not isinstance(info, dict):
+        findings.add("contract.runtime", f"{where}: info must be a dict, got {type(info).__name__}",
+                     key=("info", where.split(" ")[0]))
+        return False
+    skills = meta.get("skills")
+    if isinstance(skills, dict) and skills and info.get("skill") not in skills:
+        findings.add("contract.runtime", f"{where}: SKILLS is declared, so info['skill'] must name one "
+                     f"of {sorted(skills)}; got {info.get('skill')!r}", key=("skill",))
+    return True
+
+
+def _check_messages(obs: Any, findings: Findings, where: str) -> list | None:
+    if not isinstance(obs, dict) or not isinstance(obs.get("messages"), list):
+        findings.add("contract.runtime", f"{where}: the observation must be {{'messages': [...]}}, got "
+                     f"{canonical_json(obs)[:120]}", key=("obs", where.split(" ")[0]))
+        return None
+    for m in obs["messages"]:
+        problem = message_problem(m)
+        if problem:
+            findings.add("contract.runtime", f"{where}: {problem}", key=("message", problem))
+            return None
+    return obs["messages"]
+
+
+def check_reset(value: Any, meta: dict, findings: Findings, where: str) -> bool:
+    obs, info = value
+    msgs = _check_messages(obs, findings, where)
+    if msgs is None:
+        return False
+    roles = [m["role"] for m in msgs]
+    if not roles or roles[0] != "system" or "user" not in roles:
+        findings.add("contract.runtime", f"{where}: the first observation must hold a system message "
+                     f"first, then at least one user message; got roles {roles}", key=("reset-roles",))
+        return False
+    return _check_info(info, meta, findings, where)
+
+
+def check_step(value: Any, action: Any, meta: dict, findings: Findings, where: str) -> bool:
+    obs, reward, terminated, truncated, info = value
+    msgs = _check_messages(obs, findings, where)
+    if msgs is None:
+        return False
+    if not _number(reward) or not 0 <= reward <= 1:
+        findings.add("contract.runtime", f"{where}: reward must be a float in [0, 1], got {reward!r}",
+                     key=("reward",))
+        return False
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+        findings.add("contract.runtime", f"{where}: terminated and truncated must be bools, got "
+                     f"{terminated!r} and {truncated!r}", key=("flags",))
+        return False
+    calls = action.get("tool_calls") if isinstance(action, dict) else None
+    if isinstance(calls, list) and calls and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls):
+        ids = [c["id"] for c in calls]
+        got = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
+        if got != ids[:len(got)] or (len(got) < len(ids) and not terminated):
+            findings.add("contract.runtime", f"{where}: the observation must hold one tool message per "
+                         f"tool call, in order, with the call's id; calls {ids}, tool messages {got}",
+                         key=("tool-ids",))
+    return _check_info(info, meta, findings, where)
+
+
+# --------------------------------------------------------------------------- policies
+
+def scripted(actions: list) -> Callable[[int, list], Any]:
+    it = iter(actions)
+    return lambda t, m: next(it, None)
+
+
+def do_nothing(t: int, messages: list) -> dict:
+    return assistant(TALK[t % len(TALK)])
+
+
+def perturb(actions: list, seed: int) -> list:
+    """The reference with one mistake: an action dropped, an argument changed, or the plan cut."""
+    rng = random.Random(seed)
+    actions = [dict(a) if isinstance(a, dict) else a for a in actions]
+    calls = [i for i, a in enumerate(actions) if isinstance(a, dict) and a.get("tool_calls")]
+    mode = seed % 3
+    if mode == 0 and actions:
+        del actions[rng.choice(calls) if calls else rng.randrange(len(actions))]
+    elif mode == 1 and calls:
+        import json
+        i = rng.choice(calls)
+        call = actions[i]["tool_calls"][0]
+        try:
+            args = json.loads(call["function"]["arguments"])
+        except (ValueError, TypeError, KeyError):
+            args = None
+        if isinstance(args, dict) and args:
+            key = rng.choice(sorted(args))
+            args[key] = _mutate(args[key])
+            actions[i] = {**actions[i], "tool_calls": [tool_call(call["function"]["name"], args, call.get("id", "call_0"))]}
+        else:
+            del actions[i]
+    else:
+        actions = actions[: len(actions) // 2]
+    return actions
+
+
+def _mutate(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value[:-1] + ("X" if not value.endswith("X") else "Y") if value else "X"
+    if isinstance(value, list):
+        return value[:-1]
+    return {}
+
+
+# --------------------------------------------------------------------------- the stage
+
+def run_dynamic(source: str, backend, settings: GateSettings | None = None,
+                progress: Callable[[str], None] | None = None) -> tuple[list[Finding], dict]:
+    """Run every dynamic check on ``source``; returns (findings, stats)."""
+    settings = settings or GateSettings()
+    findings = Findings()
+    stats: dict[str, Any] = {}
+    say = progress or (lambda s: None)
+    host = Host(backend, source, settings, settings.hash_seeds[0], findings)
+    other = Host(backend, source, settings, settings.hash_seeds[1], findings)
+    try:
+        try:
+            meta = host.start()
+        except EnvCallError as e:
+            findings.add("sandbox", f"env.py could not be loaded in the sandbox: {e.type}: {e.message}"
+                         if e.type else f"env.py could not be loaded in the sandbox: {e.message}")
+            return findings.result(), stats
+        except SandboxError as e:
+            findings.add("bounded", f"loading env.py: {e}")
+            return findings.result(), stats
+        stats["sandbox"] = meta.get("sandbox")
+        stats["tools"] = meta.get("tools")
+        if not isinstance(meta.get("max_turns"), int) or not 1 <= meta["max_turns"] <= MAX_TURNS_LIMIT:
+            findings.add("contract.runtime", f"Env.max_turns must be an int in 1..{MAX_TURNS_LIMIT}, got "
+                         f"{meta.get('max_turns')!r}")
+        tools = [t for t in meta.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                 and isinstance(t["function"].get("name"), str)]
+        _probes(host, other, tools, settings, findings, stats, say)
+    except GiveUp:
+        findings.add("bounded", f"the sandbox failed {settings.max_sandbox_failures + 1} times; the "
+                     "remaining dynamic checks were skipped")
+    finally:
+        host.close()
+        other.close()
+    return findings.result(), stats
+
+
+def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findings: Findings,
+            stats: dict, say: Callable[[str], None]) -> None:
+    seeds = list(range(settings.seeds))
+    by_name = {t["function"]["name"]: t for t in tools}
+
+    say("reference solutions")
+    reference: list[Episode] = []
+    for seed in seeds:
+        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
+        plan = _check_plan(plan, by_name, findings, seed) if plan is not None else None
+        if plan is not None:
+            reference.append(host.episode("a", seed, scripted(plan), "reference"))
+    reference = [e for e in reference if e.ok]
+    solved = [e for e in reference if abs(e.score - 1.0) < 1e-6]
+    stats["solved"] = f"{len(solved)}/{len(seeds)}"
+    if len(solved) < settings.solvable_min * len(seeds):
+        worst = [f"seed {e.seed}: {e.score:g}" for e in reference if e not in solved][:5]
+        findings.add("solvability", f"solve() reaches score 1.0 on {len(solved)} of {len(seeds)} seeds "
+                     f"(need {settings.solvable_min:.0%}); e.g. {', '.join(worst) or 'no episode completed'}. "
+                     "The reference solution must earn the full score on almost every seed.")
+
+    say("diversity")
+    distinct = len({e.fingerprint() for e in reference})
+    stats["distinct_scenarios"] = f"{distinct}/{len(reference)}"
+    if reference and distinct < settings.diversity_min * len(seeds):
+        findings.add("diversity", f"{len(seeds)} seeds gave only {distinct} distinct scenarios (reset and "
+                     f"reference observations); need {settings.diversity_min:.0%}. Build the scenario "
+                     "from random.Random(seed) in reset so that each seed differs (is the seed ignored?).")
+
+    say("perturbed reference, do-nothing, random")
+    perturbed = [host.episode("a", e.seed, scripted(perturb(e.actions, e.seed)), "perturbed") for e in reference]
+    idle = [host.episode("a", s, do_nothing, "do-nothing") for s in seeds]
+    rand = _random_episodes(host, tools, len(seeds))
+
+    say("robustness (hypothesis)")
+    _robustness(host, tools, settings)
+
+    def mean(eps: list[Episode]) -> float:
+        done = [e.score for e in eps if e.ok]
+        return sum(done) / len(done) if done else 0.0
+
+    scores = {"reference": mean(reference), "perturbed": mean(perturbed), "do_nothing": mean(idle),
+              "random": mean(rand)}
+    stats["mean_score"] = {k: round(v, 4) for k, v in scores.items()}
+    for name in ("do_nothing", "random"):
+        if scores[name] > settings.free_reward_max:
+            findings.add("free_reward", f"a {name.replace('_', '-')} policy scores {scores[name]:.2f} on "
+                         f"average (allowed: {settings.free_reward_max}); reward must be earned by doing "
+                         "the task, not by ending the episode or calling tools at random.")
+    values = sorted({round(e.score, 4) for e in reference + perturbed + idle + rand if e.ok})
+    stats["score_values"] = values[:20]
+    if len(values) < settings.partial_credit_values:
+        findings.add("partial_credit", f"episode scores under the probe policies take only the values "
+                     f"{values}; give partial credit (several levels between 0 and 1) so that rollouts "
+                     "of one seed differ and GRPO gets a gradient.")
+    if perturbed and scores["perturbed"] >= scores["reference"] - 1e-6 and scores["reference"] > 0:
+        findings.add("partial_credit", "perturbing the reference solution (dropping an action, changing "
+                     f"an argument) never lowers the score (mean {scores['perturbed']:.2f} vs "
+                     f"{scores['reference']:.2f}); the reward does not depend on what the agent does.")
+
+    say("determinism and isolation")
+    replays = reference + [e for e in rand if e.ok][: settings.replay_random]
+    for e in replays:
+        _same(e, host.replay("a", e, "replay"), "determinism",
+              "the same seed and actions replayed in the same instance", findings)
+        _same(e, host.replay("b", e, "replay"), "determinism",
+              "the same seed and actions in a second instance", findings)
+    _isolation(host, reference, findings)
+
+    say("determinism across processes")
+    try:
+        other.start()
+    except (SandboxError, EnvCallError) as e:
+        findings.add("bounded", f"second sandbox process: {e}")
+        return
+    for e in replays:
+        _same(e, other.replay("a", e, "replay"), "determinism",
+              f"the same seed and actions in a fresh process with PYTHONHASHSEED={settings.hash_seeds[1]} "
+              f"(first: {settings.hash_seeds[0]})", findings, hint=" Set iteration order, hash() "
+              "and id() depend on the process; sort, or use lists and dicts.")
+
+
+def _check_plan(plan: Any, by_name: dict, findings: Findings, seed: int) -> list | None:
+    if not isinstance(plan, list) or not plan:
+        findings.add("solvability", f"solve(seed={seed}) must return a non-empty list of assistant "
+                     f"messages, got {canonical_json(plan)[:100]}", key=("plan-shape",))
+        return None
+    for msg in plan:
+        problem = message_problem(msg)
+        if problem is None and msg.get("role") != "assistant":
+            problem = f"solve() must return assistant messages, got role {msg.get('role')!r}"
+        if problem:
+            findings.add("solvability", f"solve(seed={seed}): {problem}", key=("plan-msg", problem))
+            return None
+        for call in msg.get("tool_calls") or []:
+            problem = call_problem(by_name, call)
+            if problem:
+                findings.add("schema.fidelity", f"solve(seed={seed}) makes a call that does not fit the "
+                             f"tools: {problem}", key=("plan-call", problem.split(":")[0]))
+    return plan
+
+
+def _same(a: Episode, b: Episode, check: str, how: str, findings: Findings, hint: str = "") -> None:
+    if not (a.ok and b.ok):
+        return
+    hint = hint or (" Draw all randomness from random.Random(seed) made in reset; no module-level "
+                    "random or clock.")
+    for i, (x, y) in enumerate(zip(a.trace, b.trace)):
+        if canonical_json(x) != canonical_json(y):
+            where = "reset" if i == 0 else f"step {i}"
+            findings.add(check, f"{how} gave a different result at {where} (seed {a.seed}): "
+                         f"{_first_diff(x, y)}.{hint}", key=(check, how))
+            return
+    if len(a.trace) != len(b.trace):
+        findings.add(check, f"{how} gave an episode of another length (seed {a.seed}).{hint}", key=(check, how))
+
+
+def _first_diff(x: Any, y: Any) -> str:
+    sx, sy = canonical_json(x), canonical_json(y)
+    i = next((k for k, (p, q) in enumerate(zip(sx, sy)) if p != q), min(len(sx), len(sy)))
+    return f"...{sx[max(0, i - 40):i + 40]}... vs ...{sy[max(0, i - 40):i + 40]}..."
+
+
+def _isolation(host: Host, reference: list[Episode], findings: Findings) -> None:
+    """Replay each reference episode on instance b while instance c plays another seed in lockstep."""
+    for k, e in enumerate(reference):
+        other = reference[(k + 1) % len(reference)]
+        if host.op("isolation reset", "reset", "c", other.seed) is None:
+            return
+        mine, theirs = iter(e.actions), iter(other.actions)
+        state = {"live": True}
+
+        def interleaved(t: int, msgs: list) -> Any:
+            extra = next(theirs, None) if state["live"] else None
+            if extra is not None:
+                value = host.op("isolation step", "step", "c", extra)
+                state["live"] = value is not None and not (value[2] or value[3])
+            return next(mine, None)
+
+        _same(e, host.episode("b", e.seed, interleaved, "isolation"), "isolation",
+              "an episode run while another instance played a different seed", findings,
+              hint=" Instances must share no mutable state: copy module-level data per reset and "
+                   "keep no episode state on the class.")
+
+
+def _quiet():
+    """Hypothesis reports failing examples on stdout; the gate keeps stdout for --json."""
+    from hypothesis.reporting import with_reporter
+    return with_reporter(lambda *a, **k: None)
+
+
+def _random_episodes(host: Host, tools: list, n: int) -> list[Episode]:
+    """``n`` episodes of schema-valid calls and chatter drawn by hypothesis (seeds drawn too, so
+    that hypothesis may replay any example and get the same draws)."""
+    from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
+    from envforge.gate.strategies import valid_call
+
+    out: list[Episode] = []
+    say = st.tuples(st.just("say"), st.sampled_from(TALK))
+    step = st.tuples(st.just("call"), valid_call(tools)) | say if tools else say
+
+    @hsettings(max_examples=n, derandomize=True, database=None, deadline=None,
+               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data):
+        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+
+        def policy(t: int, msgs: list) -> Any:
+            kind, what = data.draw(step)
+            return assistant(what) if kind == "say" else assistant(None, [tool_call(what[0], what[1], f"call_{t}")])
+
+        out.append(host.episode("r", seed, policy, "random"))
+
+    with _quiet():
+        run()
+    return out[:n]
+
+
+def _robustness(host: Host, tools: list, settings: GateSettings) -> None:
+    """Hypothesis state machines: rules are valid tool calls, malformed calls and chatter; the
+    invariant is that every step answers with a contract observation and no exception."""
+    from hypothesis import HealthCheck, Phase, settings as hsettings, strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+    from envforge.gate.strategies import malformed_action, valid_call
+
+    if not tools:
+        return
+    ids = iter(range(10**9))
+
+    class EnvMachine(RuleBasedStateMachine):
+        @initialize(seed=st.integers(0, 2**31 - 1))
+        def start(self, seed):
+            self.seed, self.t = seed, 0
+            self.live = host.op(f"reset(seed={seed})", "reset", "h", seed) is not None
+
+        def _step(self, action, what):
+            if not self.live:
+                return
+            self.t += 1
+            where = f"step with {what} (seed={self.seed})"
+            value = host.op(where, "step", "h", action)
+            if value is None or not check_step(value, action, host.meta, host.findings, where):
+                self.live = False
+            elif value[2] or value[3]:
+                self.seed += 1
+                self.live = host.op(f"reset(seed={self.seed})", "reset", "h", self.seed) is not None
+
+        @rule(call=valid_call(tools))
+        def valid(self, call):
+            self._step(assistant(None, [tool_call(call[0], call[1], f"call_{next(ids)}")]),
+                       f"a valid call of {call[0]}")
+
+        @rule(bad=malformed_action(tools))
+        def malformed(self, bad):
+            self._step(bad[1], f"a malformed action ({bad[0]})")
+
+        @rule(text=st.text(max_size=40))
+        def say(self, text):
+            self._step(assistant(text), "assistant text")
+
+    host.inst("h")
+    with _quiet():
+        run_state_machine_as_test(EnvMachine, settings=hsettings(
+            max_examples=settings.robustness_examples, stateful_step_count=max(host.max_turns, 5),
+            derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck), report_multiple_bugs=False))

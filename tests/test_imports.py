@@ -1,0 +1,28 @@
+"""What `import envforge` loads: the CLI and the gate must start fast and without heavy packages."""
+import subprocess
+import sys
+
+HEAVY = ("torch", "trl", "peft", "transformers", "docker", "ray", "openai", "matplotlib")
+
+
+def _loaded(stmt: str) -> set[str]:
+    code = f"import sys; {stmt}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_import_envforge_is_light():
+    mods = _loaded("import envforge")
+    assert not [m for m in HEAVY if m in mods]
+
+
+def test_cli_and_gate_defer_hypothesis_jsonschema_rich():
+    mods = _loaded("import envforge.cli, envforge.gate, sandbox.base")
+    assert not [m for m in HEAVY + ("hypothesis", "jsonschema", "rich") if m in mods]
+
+
+def test_lower_layers_do_not_import_higher_ones():
+    mods = _loaded("import envforge.contract, envforge.errors")
+    assert not [m for m in mods if m.startswith(("envforge.gate", "envforge.cli", "sandbox", "trainers"))]
+    mods = _loaded("import envforge.targets")
+    assert not [m for m in mods if m.startswith(("envforge.gate", "envforge.cli", "sandbox"))]
