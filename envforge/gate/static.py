@@ -1,0 +1,474 @@
+"""The static stage of the gate: audit the source of ``env.py`` without running any of it.
+
+``audit_static(source)`` parses the file once, indexes its nodes by type in one walk, then runs one
+small check per rule, in order: imports, builtins, dunders, entropy sources, the contract's shape.
+Every finding names the line it was seen on, and a rejected env gets all the findings it earned.
+It never raises: bytes that are not UTF-8, binary files, empty files and syntax errors are findings.
+
+What it protects against: the escapes that need a name: imports outside the allow-list, forbidden
+builtins (also aliased or looked up by a string), dunder and frame walks to ``object``, globals and
+frames (also spelled inside strings or built at run time for ``getattr``), module internals reached
+through allowed modules (``random._os``, ``typing.sys``), and wall-clock or unseeded randomness.
+What it does not: code that loops forever, allocates without bound or misbehaves at run time; the
+sandbox and the dynamic checks own those. A static audit of Python is a filter, not a proof.
+
+RestrictedPython is not used because it rejects every name that starts with an underscore, which
+idiomatic generated code uses everywhere (``self._schemas``), so it would reject clean envs.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from envforge import contract as C
+from envforge.contract import Finding, error, warning
+
+_ALLOWED = ", ".join(sorted(C.ALLOWED_IMPORTS))
+#: Frame, generator and code internals that reach globals without a dunder.
+_FRAME_ATTRS = frozenset({
+    "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "f_globals", "f_locals",
+    "f_back", "f_builtins", "f_code", "tb_frame", "tb_next", "co_code", "func_globals", "func_code",
+})
+#: Modules that allowed modules import at top level (typing.sys, enum.bltns, fractions.operator).
+_MODULE_ATTRS = frozenset({
+    "sys", "os", "builtins", "bltns", "types", "inspect", "codecs", "contextlib", "copyreg",
+    "warnings", "operator", "importlib", "subprocess", "io", "gc",
+})
+#: Forbidden builtin names that are also common method names (``re.compile``, ``zipfile.open``).
+_COMMON_METHODS = frozenset({
+    "compile", "open", "input", "help", "exit", "quit", "copyright", "credits", "license",
+})
+#: typing's evaluators run strings as code with the builtins in scope (``x: "open"`` -> open).
+_EVALUATORS = frozenset({
+    "typing.get_type_hints", "typing.ForwardRef", "typing.evaluate_forward_ref"})
+_DUNDER_STRING = re.compile(
+    r"__(?:subclasses|globals|builtins|import|class|mro|bases|base|dict|code|getattribute|closure"
+    r"|func|self|loader|spec|reduce|reduce_ex)__")
+_FORMAT_WALK = re.compile(r"\{[^{}]*\.(?:__|" + "|".join(sorted(_FRAME_ATTRS)) + ")")
+
+
+@dataclass
+class StaticResult:
+    """The static stage's findings, and what it learnt of the env's shape."""
+    findings: list[Finding] = field(default_factory=list)
+    shape: dict = field(default_factory=lambda: {
+        "capability": None, "skills": None, "has_env": False, "max_turns": None,
+        "docstring": False})
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+
+def audit_static(source: str | bytes, filename: str = "env.py") -> StaticResult:
+    """Audit ``source`` (the text or bytes of ``env.py``) without running it. Never raises."""
+    result = StaticResult()
+    try:
+        _audit(source, filename, result)
+    except Exception as exc:  # a gate fails closed on its input: a finding, never a crash
+        result.findings.append(error("input", f"{filename}: the static audit could not analyse "
+                                     f"this file ({type(exc).__name__}: {exc})"))
+    seen, unique = set(), []
+    for f in result.findings:
+        if (f.check, f.severity, f.message) not in seen:
+            seen.add((f.check, f.severity, f.message))
+            unique.append(f)
+    result.findings = unique
+    return result
+
+
+def _audit(source: str | bytes, filename: str, result: StaticResult) -> None:
+    text = _decode(source, filename, result.findings)
+    if text is None:
+        return
+    if not text.strip():
+        result.findings.append(error("contract.shape", f"{filename} is empty: write the env as "
+                                     "ENV_CONTRACT.md says (CAPABILITY, class Env)"))
+        return
+    size = len(text.encode("utf-8"))
+    if size > C.MAX_SOURCE_BYTES:
+        result.findings.append(error("static.size", f"{filename} is {size:,} bytes; the limit is "
+                                     f"{C.MAX_SOURCE_BYTES:,}: split data out or generate less"))
+        if size > 10 * C.MAX_SOURCE_BYTES:
+            return  # far too large to be worth parsing
+    try:
+        tree = ast.parse(text, filename=filename)
+    except SyntaxError as exc:
+        result.findings.append(error("static.syntax", f"line {exc.lineno}, column {exc.offset}: "
+                                     f"{exc.msg}", actual=(exc.text or "").strip()[:120] or None))
+        return
+    except (RecursionError, MemoryError):
+        result.findings.append(error("static.syntax", "the code is nested too deeply to parse"))
+        return
+    m = _Module(tree)
+    for rule in (check_imports, check_builtins, check_dunders, check_entropy):
+        found = sorted(rule(m), key=lambda pair: (pair[0].lineno, pair[0].col_offset))
+        result.findings += [f for _, f in found]
+    result.findings += check_shape(m, result.shape)
+
+
+def _decode(source: str | bytes, filename: str, findings: list[Finding]) -> str | None:
+    """The source as text, or None after adding an "input" finding saying why it is not text."""
+    if not isinstance(source, (str, bytes, bytearray, memoryview)):
+        findings.append(error("input", f"{filename}: expected the source as str or bytes, got "
+                              f"{type(source).__name__}"))
+        return None
+    try:
+        data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
+    except UnicodeEncodeError as exc:
+        findings.append(error("input", f"{filename} is not valid Unicode text: {exc.reason} at "
+                              f"offset {exc.start}"))
+        return None
+    nul, newline = data.find(b"\0"), b"\n"
+    if nul >= 0:
+        findings.append(error("input", f"{filename} is a binary file, not Python source: NUL "
+                              f"byte at line {data.count(newline, 0, nul) + 1} (offset {nul})"))
+        return None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        findings.append(error("input", f"{filename} is not UTF-8 text: byte 0x{data[exc.start]:02x}"
+                              f" at line {data.count(newline, 0, exc.start) + 1} (offset "
+                              f"{exc.start}) cannot be decoded; save it as UTF-8"))
+        return None
+
+
+class _Module:
+    """One parsed env: its nodes by type, import aliases, and every name that resolves to one."""
+
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        self.nodes: dict[type, list] = defaultdict(list)
+        for node in ast.walk(tree):
+            if hasattr(node, "lineno"):
+                self.nodes[type(node)].append(node)
+        self.aliases: dict[str, str] = {}  # local name -> the dotted name it was imported as
+        for node in self.nodes[ast.Import]:
+            for a in node.names:
+                top = a.name.split(".")[0]
+                self.aliases[a.asname or top] = a.name if a.asname else top
+        for node in self.nodes[ast.ImportFrom]:
+            for a in node.names:
+                if node.module and not node.level and a.name != "*":
+                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        self.called = {id(n.func) for n in self.nodes[ast.Call]}
+        self.getattrs = [n for n in self.nodes[ast.Call] if isinstance(n.func, ast.Name)
+                         and n.func.id in C.ATTRIBUTE_BUILTINS]
+        self.attr_consts = {id(n.args[1]) for n in self.getattrs if _const_name(n) is not None}
+        self.refs = [(n, d) for t in (ast.Name, ast.Attribute, ast.Call) for n in self.nodes[t]
+                     if (d := self.dotted(n))]
+
+    def dotted(self, node: ast.AST) -> str | None:
+        """``r.choice`` -> "random.choice" when ``import random as r``; getattr(m, "x") is m.x."""
+        parts = []
+        while True:
+            if isinstance(node, ast.Attribute):
+                parts.append(node.attr)
+                node = node.value
+            elif isinstance(node, ast.Call) and _is_getattr(node) and _const_name(node):
+                parts.append(_const_name(node))
+                node = node.args[0]
+            elif isinstance(node, ast.Name) and node.id in self.aliases:
+                return ".".join([self.aliases[node.id], *reversed(parts)])
+            else:
+                return None
+
+
+def _is_getattr(node: ast.Call) -> bool:
+    return isinstance(node.func, ast.Name) and node.func.id in C.ATTRIBUTE_BUILTINS
+
+
+def _const_name(call: ast.Call) -> str | None:
+    """The attribute name of ``getattr(obj, "name", ...)`` when it is a plain string literal."""
+    if len(call.args) >= 2 and not any(isinstance(a, ast.Starred) for a in call.args[:2]):
+        arg = call.args[1]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+    return None
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _internal(name: str) -> bool:
+    return (name.startswith("_") and not _is_dunder(name)) or name in _MODULE_ATTRS
+
+
+def _at(check: str, node: ast.AST, text: str, make=error) -> tuple[ast.AST, Finding]:
+    return node, make(check, f"line {node.lineno}: {text}")
+
+
+def _named(node: ast.AST, dotted: str) -> str:
+    """How the source spells a reference, and what it resolves to when that differs."""
+    spelled = _spelled(node)
+    return repr(spelled) if spelled == dotted else f"{spelled!r} ({dotted})"
+
+
+def _spelled(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def check_imports(m: _Module):
+    """Only allow-listed modules, imported by name; no reaching into their internals."""
+    not_allowed = (f"env.py may import only: {_ALLOWED} (I/O and process access are the "
+                   "sandbox's, not the env's)")
+    for node in m.nodes[ast.Import]:
+        for a in node.names:
+            if a.name.split(".")[0] not in C.ALLOWED_IMPORTS:
+                yield _at("static.import", node,
+                          f"import of {a.name!r} is not allowed; {not_allowed}")
+    for node in m.nodes[ast.ImportFrom]:
+        mod = node.module or ""
+        if node.level:
+            yield _at("static.import", node, f"relative import 'from {'.' * node.level}{mod} "
+                      "import ...' is not allowed; env.py is one file: import only the "
+                      "allow-listed modules")
+            continue
+        if mod.split(".")[0] not in C.ALLOWED_IMPORTS:
+            yield _at("static.import", node, f"import of {mod!r} is not allowed; {not_allowed}")
+            continue
+        for a in node.names:
+            if a.name == "*":
+                yield _at("static.import", node, f"star import 'from {mod} import *' is not "
+                          "allowed: import the names you use explicitly")
+            elif a.name.startswith("_") or a.name in _MODULE_ATTRS:
+                yield _at("static.import", node, f"'from {mod} import {a.name}' reaches into the "
+                          "internals of an allowed module; use only its public API")
+    for node, d in m.refs:
+        if not isinstance(node, ast.Name) and _internal(d.rsplit(".", 1)[-1]):
+            yield _at("static.import", node, f"{_named(node, d)} reaches into the "
+                      "internals of an allowed module; use only its public API")
+
+
+def check_builtins(m: _Module):
+    """No forbidden builtins in any spelling; getattr & co only with a literal, plain name."""
+    bound = {n.id for n in m.nodes[ast.Name] if not isinstance(n.ctx, ast.Load)}
+    bound |= {n.arg for n in m.nodes[ast.arg]}
+    for node in m.nodes[ast.Name]:
+        name = node.id
+        if name in C.FORBIDDEN_BUILTINS:
+            yield _at("static.builtin", node, f"{name!r} is a forbidden builtin (code execution, "
+                      "I/O or scope introspection); env.py may not name it, not even to alias or "
+                      "shadow it (rename the variable if it is yours)")
+        elif name in C.ATTRIBUTE_BUILTINS and id(node) not in m.called:
+            yield _at("static.builtin", node, f"{name} may only be called directly, as "
+                      f"{name}(obj, \"name\"); passing it around hides which attribute is reached")
+        elif (name in C.PROCESS_DEPENDENT_BUILTINS and isinstance(node.ctx, ast.Load)
+              and name not in bound):
+            yield _at("static.builtin", node, f"{name}() depends on the process (memory addresses,"
+                      " PYTHONHASHSEED): keep it out of observations, rewards and infos",
+                      make=warning)
+    for node in m.nodes[ast.Attribute]:
+        if (node.attr in C.FORBIDDEN_BUILTINS and not _is_dunder(node.attr)
+                and node.attr not in _COMMON_METHODS):
+            yield _at("static.builtin", node, f"{_spelled(node)!r} reaches the forbidden builtin "
+                      f"{node.attr!r} as an attribute")
+    for node in m.getattrs:
+        name = _const_name(node)
+        if name is None or node.keywords:
+            yield _at("static.builtin", node, f"{_spelled(node)}: string-built attribute names "
+                      f"are not allowed; call {node.func.id} with a string literal, e.g. "
+                      f"{node.func.id}(obj, \"name\")")
+        elif name in C.FORBIDDEN_BUILTINS:
+            yield _at("static.builtin", node, f"{_spelled(node)} looks up the forbidden builtin "
+                      f"{name!r} by name")
+    for node, d in m.refs:
+        if d in _EVALUATORS:
+            yield _at("static.builtin", node, f"{d} evaluates strings as code with the builtins "
+                      "in scope; env.py may not use it")
+
+
+def check_dunders(m: _Module):
+    """No dunder or frame attributes, in code or in strings, and no type() with 3 arguments."""
+    fix = "use the object's public API instead (dunder walks are how sandbox escapes start)"
+    for node in m.nodes[ast.Attribute]:
+        if _is_dunder(node.attr) and not (
+                node.attr == "__init__" and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name) and node.value.func.id == "super"):
+            yield _at("static.dunder", node, f"access to dunder attribute '.{node.attr}' in "
+                      f"{_spelled(node)!r} is not allowed (only super().__init__ is); {fix}")
+        elif node.attr in _FRAME_ATTRS:
+            yield _at("static.dunder", node, f"access to frame/code internal '.{node.attr}' in "
+                      f"{_spelled(node)!r} is not allowed; {fix}")
+    for node in m.nodes[ast.MatchClass]:  # `case object(__class__=c)` reads an attribute
+        for name in node.kwd_attrs:
+            if _is_dunder(name) or name in _FRAME_ATTRS:
+                yield _at("static.dunder", node, f"the pattern {name}=... in a case clause reads "
+                          f"the attribute {name!r}; {fix}")
+    for node in m.nodes[ast.Name]:
+        if (_is_dunder(node.id) and node.id not in C.ALLOWED_DUNDER_NAMES
+                and node.id not in C.FORBIDDEN_BUILTINS):
+            yield _at("static.dunder", node, f"the dunder name {node.id!r} is not allowed; only "
+                      f"{', '.join(sorted(C.ALLOWED_DUNDER_NAMES))} may be used as names")
+    for node in m.getattrs:
+        name = _const_name(node)
+        if name and (_is_dunder(name) or name in _FRAME_ATTRS):
+            yield _at("static.dunder", node, f"{_spelled(node)} reaches the attribute {name!r} "
+                      f"by name; {fix}")
+    for node in m.nodes[ast.Constant]:
+        if isinstance(node.value, str) and id(node) not in m.attr_consts:
+            hit = _DUNDER_STRING.search(node.value) or _FORMAT_WALK.search(node.value)
+            if hit:
+                text = node.value if len(node.value) <= 60 else node.value[:57] + "..."
+                yield _at("static.dunder", node, f"the string {text!r} contains "
+                          f"{hit.group(0)!r}: format-string attribute walks and string-built "
+                          "lookups of dunders are not allowed")
+    for node in m.nodes[ast.Call]:
+        if isinstance(node.func, ast.Name) and node.func.id == "type" and (
+                len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred)):
+            yield _at("static.dunder", node, f"{_spelled(node)}: type() with 3 arguments creates "
+                      "a class at run time; write a class statement (use type(x) only to read a "
+                      "type)")
+
+
+def check_entropy(m: _Module):
+    """No unseeded randomness and no wall clock: randomness only from random.Random(seed)."""
+    use_rng = "make rng = random.Random(seed) in reset and draw from rng"
+    for node in m.nodes[ast.ImportFrom]:
+        for a in node.names:
+            if node.module == "random" and not node.level and a.name in C.RANDOM_GLOBAL_FUNCTIONS:
+                yield _at("static.entropy", node, f"'from random import {a.name}' imports "
+                          f"random.{a.name}, which uses the shared unseeded generator; {use_rng}")
+    for node, d in m.refs:
+        mod, _, name = d.rpartition(".")
+        if mod == "random" and name in C.RANDOM_GLOBAL_FUNCTIONS:
+            yield _at("static.entropy", node, f"{_named(node, d)} uses the shared unseeded "
+                      f"generator (or the OS); {use_rng}")
+        elif d in C.CLOCK_SOURCES:
+            yield _at("static.entropy", node, f"{_named(node, d)} reads the wall clock; "
+                      "no wall clock in an env: derive dates from the seed (a fixed base date "
+                      "plus rng offsets)")
+    for node in m.nodes[ast.Call]:
+        seed = node.args[0] if node.args else next((k.value for k in node.keywords), None)
+        if m.dotted(node.func) == "random.Random" and (
+                seed is None or isinstance(seed, ast.Constant) and seed.value is None):
+            yield _at("static.entropy", node, f"{_spelled(node)} makes a random.Random with no "
+                      f"seed, so the OS seeds it; {use_rng}")
+
+
+def check_shape(m: _Module, shape: dict) -> list[Finding]:
+    """CAPABILITY, SKILLS, class Env with tools/reset/step/solve, max_turns, the docstring."""
+    out = []
+    values, _ = _bindings(m.tree.body)
+    classes = {s.name: s for s in m.tree.body if isinstance(s, ast.ClassDef)}
+    cap = values.get("CAPABILITY")
+    if cap is None:
+        out.append(error("contract.shape", "CAPABILITY is missing: add a module-level "
+                         "CAPABILITY = \"<the capability this env trains>\""))
+    elif isinstance(cap, ast.Constant) and isinstance(cap.value, str) and cap.value.strip():
+        shape["capability"] = cap.value
+    else:
+        out.append(error("contract.shape", f"line {cap.lineno}: CAPABILITY must be a non-empty "
+                         f"string literal, got {_spelled(cap)}"))
+    if (skills := values.get("SKILLS")) is not None:
+        problems = _skills_problems(skills)
+        out += [error("contract.shape", f"line {skills.lineno}: SKILLS {p}; it must be a dict "
+                      "literal of sub-skill name -> positive weight") for p in problems]
+        if not problems:
+            shape["skills"] = ast.literal_eval(skills)
+    env = classes.get("Env")
+    shape["has_env"] = env is not None
+    if env is None:
+        out.append(error("contract.shape", "no module-level class Env: define class Env with "
+                         "tools, reset(self, seed), step(self, action) and solve(self, seed)"))
+    else:
+        out += _env_problems(env, classes, shape)
+    doc = ast.get_docstring(m.tree)
+    shape["docstring"] = doc is not None
+    if doc is None:
+        out.append(warning("contract.shape", "no module docstring: the contract wants one naming "
+                           "the capability, with a 'Why it transfers:' rationale"))
+    elif "why it transfers" not in doc.lower():
+        out.append(warning("contract.shape", "the module docstring has no 'Why it transfers:' "
+                           "rationale (3-5 sentences on why training here helps on the target)"))
+    return out
+
+
+def _bindings(stmts: list[ast.stmt]) -> tuple[dict, dict]:
+    """Names assigned (name -> value node) and functions defined by a list of statements."""
+    values, funcs = {}, {}
+    for s in stmts:
+        if isinstance(s, ast.Assign):
+            values.update({t.id: s.value for t in s.targets if isinstance(t, ast.Name)})
+        elif isinstance(s, ast.AnnAssign) and s.value and isinstance(s.target, ast.Name):
+            values[s.target.id] = s.value
+        elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            funcs[s.name] = s
+    return values, funcs
+
+
+def _skills_problems(node: ast.expr) -> list[str]:
+    if not isinstance(node, ast.Dict):
+        return [f"is {_spelled(node)}, not a dict literal"]
+    if not node.keys:
+        return ["is empty (omit SKILLS, or name at least one sub-skill)"]
+    problems = []
+    for k, v in zip(node.keys, node.values):
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value):
+            problems.append(f"has the key {_spelled(k) if k else '**...'}, not a non-empty string")
+            continue
+        w = v.value if isinstance(v, ast.Constant) else None
+        if not (isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
+                and math.isfinite(w)):
+            problems.append(f"gives {k.value!r} the weight {_spelled(v)}, not a positive number")
+    return problems
+
+
+def _env_problems(env: ast.ClassDef, classes: dict, shape: dict) -> list[Finding]:
+    """Env's tools, methods and max_turns, looked up through base classes defined in this file."""
+    order, todo = [], [env]
+    while todo:  # the class, then its bases in this file (depth first; a cycle stops)
+        cls = todo.pop(0)
+        if cls not in order:
+            order.append(cls)
+            todo += [classes[b.id] for b in cls.bases
+                     if isinstance(b, ast.Name) and b.id in classes]
+    values, funcs = {}, {}
+    for cls in reversed(order):  # the most derived definition wins
+        v, f = _bindings(cls.body)
+        values.update(v)
+        funcs.update(f)
+    out = []
+    if "tools" not in values:
+        out.append(error("contract.shape", f"line {env.lineno}: class Env has no tools class "
+                         "attribute: add tools = [...] (the OpenAI function schemas it offers)"))
+    for name, params in C.ENV_METHODS.items():
+        want = f"{name}(self, {', '.join(params)})"
+        fn = funcs.get(name)
+        if fn is None:
+            out.append(error("contract.shape", f"line {env.lineno}: class Env has no method "
+                             f"{want}"))
+        elif isinstance(fn, ast.AsyncFunctionDef) or _bad_signature(fn.args, len(params)):
+            out.append(error("contract.shape", f"line {fn.lineno}: Env.{name}"
+                             f"({ast.unparse(fn.args)}) does not fit the contract: it must be a "
+                             f"plain def {want} (extra parameters only with defaults)"))
+    turns = values.get("max_turns")
+    if turns is None:
+        shape["max_turns"] = C.DEFAULT_MAX_TURNS
+        return out
+    try:
+        value = ast.literal_eval(turns)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return out  # computed at import: the dynamic stage reads it
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= C.MAX_TURNS_LIMIT:
+        shape["max_turns"] = value
+    else:
+        out.append(error("contract.shape", f"line {turns.lineno}: max_turns = {_spelled(turns)};"
+                         f" it must be an int from 1 to {C.MAX_TURNS_LIMIT}"))
+    return out
+
+
+def _bad_signature(args: ast.arguments, n: int) -> bool:
+    """True unless the function takes self plus ``n`` positional parameters (extras defaulted)."""
+    positional = len(args.posonlyargs) + len(args.args)
+    required = positional - len(args.defaults)
+    too_few = positional < n + 1 and args.vararg is None
+    return too_few or required > n + 1 or any(d is None for d in args.kw_defaults)
