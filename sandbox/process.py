@@ -1,0 +1,379 @@
+"""The local process sandbox: ``runner.py`` in a child process, behind the strongest isolation
+this machine offers. Linux only; no daemon.
+
+Isolation layers, strongest first. ``isolation="auto"`` takes the first that works here; each is
+probed once per host process by running the interpreter behind it (5 s limit).
+
+- ``bwrap``: bubblewrap, every namespace new (no network; own pids, ipc, uts, user, cgroup), no
+  capabilities, a new session, a read-only root holding only what the interpreter needs (its
+  prefixes, /usr, the library dirs, /etc/ld.so.cache, runner.py) and a private /tmp. Host files
+  such as /root, /home, /etc/shadow and the repository do not exist in there.
+- ``unshare``: util-linux unshare, new network, pid, ipc, uts and mount namespaces (no network;
+  host processes invisible). Root drops to uid/gid 65534 where that user can run the
+  interpreter, else stays root (the description says which); a non-root user keeps its uid in
+  a user namespace. The host's files stay visible: seccomp is what stops writes.
+- ``none``: no namespaces; seccomp alone isolates, so this layer needs it.
+
+Every layer adds: a clean environment (PYTHONHASHSEED, PATH, LANG), cwd /, a session of its own
+(kill() takes the process group), rlimits (CPU seconds, address space, 1 MiB files, open files,
+no core dumps), no_new_privs; and, when pyseccomp and libseccomp are installed, the runner's
+seccomp filter, loaded before any env code (see runner.py). The runner also sets RLIMIT_NPROC to
+0, which binds non-root users only.
+
+Protects against (with seccomp, on every layer): network access; starting processes or programs,
+fork bombs included; writing, deleting or renaming host files; signalling or tracing other
+processes; mounts and id changes; hangs (the per-call timeout kills the process group); memory
+and CPU use beyond the limits; print() corrupting the protocol. bwrap without seccomp still stops
+the network, host-file writes and host-file reads, and keeps forks inside its pid namespace.
+
+Does not protect against: kernel exploits (seccomp narrows the surface, no more); CPU-cache and
+other side channels; reading files visible in the namespace: without bwrap, every file the
+runner's uid may read (as root, all of them, /etc/shadow included), and on ``none`` also other
+processes' /proc entries (their environment variables: API keys); without seccomp, on unshare or
+none, writing files the runner's uid may write (on bwrap, filling its private /tmp); denial of
+service within its limits (a sandbox may burn its CPU seconds and fill its memory cap, and many
+at once load the machine); and lies: a reply is data from untrusted code, whatever it says.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from envforge.contract import Limits
+from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
+                             SandboxUnavailable, UsageError)
+from sandbox.base import Backend, Sandbox, Transport
+
+RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
+LAYERS = ("bwrap", "unshare", "none")
+NOBODY = "65534"
+PR_SET_NO_NEW_PRIVS = 38
+MIB = 1 << 20
+PROBE_TIMEOUT_S = 5.0
+ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+HOW_TO = "install bubblewrap (apt-get install bubblewrap) and pyseccomp (pip install pyseccomp)"
+
+
+class PipeTransport(Transport):
+    """The runner's stdin/stdout pipes; its stderr goes to a host temp file (tail kept)."""
+
+    def __init__(self, proc: subprocess.Popen, stderr_file, send_timeout_s: float):
+        self.proc, self._err, self.send_timeout_s = proc, stderr_file, send_timeout_s
+        self._in, self._out = proc.stdin.fileno(), proc.stdout.fileno()
+        os.set_blocking(self._in, False)
+        self._poll_in, self._poll_out = select.poll(), select.poll()
+        self._poll_in.register(self._in, select.POLLOUT)
+        self._poll_out.register(self._out, select.POLLIN)
+        self._buf, self._scanned = bytearray(), 0
+        self._eof = self._killed = False
+        self._tail = ""
+
+    def send(self, data: bytes) -> None:
+        view, deadline = memoryview(data), time.monotonic() + self.send_timeout_s
+        while view:
+            try:
+                view = view[os.write(self._in, view):]
+            except BlockingIOError:
+                if not self._poll_in.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                    raise SandboxTimeout("the runner stopped reading its requests") from None
+            except OSError as e:  # BrokenPipeError: the runner is gone
+                raise SandboxCrashed(f"the runner is gone ({e.__class__.__name__})") from None
+
+    def recv_line(self, timeout: float, max_bytes: int) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            nl = self._buf.find(b"\n", self._scanned)
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[:nl + 1]
+                self._scanned = 0
+                if len(line) > max_bytes:
+                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+                return line
+            self._scanned = len(self._buf)
+            if len(self._buf) > max_bytes:
+                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poll_out.poll(left * 1000):
+                raise SandboxTimeout(f"no reply within {timeout:g} s")
+            try:
+                chunk = os.read(self._out, 1 << 16)
+            except OSError as e:
+                raise SandboxCrashed(f"reading the runner's output failed: {e}") from None
+            if not chunk:
+                self._eof = True
+                raise SandboxCrashed("the runner exited")
+            self._buf += chunk
+
+    def _status(self) -> int | None:
+        """The exit status without reaping (negative: killed by that signal), None if running."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def alive(self) -> bool:
+        return not self._killed and self._status() is None
+
+    def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        for send in (os.killpg, os.kill) if self.proc.returncode is None else ():  # not reaped
+            try:
+                send(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 2.0  # EOF once every process holding the pipe is gone
+        while self._poll_out.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            try:
+                if not os.read(self._out, 1 << 16):
+                    break
+            except OSError:
+                break
+        self._tail = self._stderr_tail()
+        for f in (self.proc.stdin, self.proc.stdout, self._err):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.kill()
+        except Exception:
+            pass
+
+    def _stderr_tail(self, limit: int = 1500) -> str:
+        if self._killed and self._err.closed:
+            return self._tail
+        try:
+            size = os.fstat(self._err.fileno()).st_size
+            data = os.pread(self._err.fileno(), limit, max(0, size - limit))
+        except (OSError, ValueError):
+            return ""
+        return data.decode("utf-8", "replace").strip()
+
+    def describe_exit(self) -> str:
+        deadline = time.monotonic() + (0.5 if self._eof else 0.0)
+        status = self._status()
+        while status is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            status = self._status()
+        parts = []
+        if status is not None and status < 0:
+            parts.append(f"killed by {_signal_name(-status)}")
+        elif status is not None and status > 128:  # a wrapper reporting its child's signal
+            parts.append(f"exit status {status} ({_signal_name(status - 128)}?)")
+        elif status is not None:
+            parts.append(f"exit status {status}")
+        tail = self._stderr_tail()
+        if tail:
+            parts.append("stderr: " + tail[-600:])
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- starting runners
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _rlimits(limits: Limits) -> list[tuple[int, int]]:
+    wanted = [(resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_mb * MIB),
+              (resource.RLIMIT_FSIZE, MIB), (resource.RLIMIT_NOFILE, limits.max_open_files),
+              (resource.RLIMIT_CORE, 0)]
+    out = []
+    for res, value in wanted:  # never ask for more than the current hard limit
+        hard = resource.getrlimit(res)[1]
+        out.append((res, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return out
+
+
+def _preexec(limits: Limits):
+    """The child's last steps before exec: rlimits and no_new_privs (nothing that may lock)."""
+    rlimits = _rlimits(limits)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        for res, value in rlimits:
+            resource.setrlimit(res, (value, value))
+        if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    return preexec
+
+
+def _env(hash_seed: int) -> dict[str, str]:
+    return {"PYTHONHASHSEED": str(hash_seed), **ENV_BASE}
+
+
+def _bwrap_prefix(bwrap: str) -> list[str]:
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/"]
+    for path in ("/usr", "/etc/ld.so.cache", "/etc/localtime"):
+        args += ["--ro-bind-try", path, path]
+    for path in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += ["--ro-bind-try", path, path]
+    interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                   str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    for path in sorted(interpreter):
+        args += ["--ro-bind", path, path]
+    return args + ["--ro-bind", RUNNER, RUNNER, "--remount-ro", "/"]
+
+
+def _unshare_prefixes(unshare: str) -> list[tuple[list[str], str]]:
+    """The unshare command lines to try, best first, each with who the runner runs as."""
+    args = [unshare, "--net", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "--mount-proc"]
+    if os.geteuid() == 0:
+        return [(args + ["--setuid", NOBODY, "--setgid", NOBODY], "uid 65534"),
+                (args, "root: uid 65534 cannot run this interpreter")]
+    return [(args + ["--map-current-user"], "your uid, no capabilities"),
+            (args + ["--map-root-user"], "root of a user namespace")]
+
+
+def _try(prefix: list[str]) -> str | None:
+    """Run the interpreter behind ``prefix`` once; None when it works, else why not."""
+    try:
+        done = subprocess.run(prefix + [sys.executable, "-s", "-B", "-c", "pass"], cwd="/",
+                              env=_env(0), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S,
+                              preexec_fn=_preexec(Limits()), start_new_session=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    return None if done.returncode == 0 else (
+        done.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit status {done.returncode}")
+
+
+@functools.cache
+def _probe(layer: str) -> tuple[list[str] | None, str]:
+    """(command prefix, description) when ``layer`` works here, else (None, why not + fix)."""
+    if layer == "none":
+        return [], "no namespaces"  # described by ProcessBackend._plan
+    program = shutil.which(layer)
+    if program is None:
+        pkg = "bubblewrap" if layer == "bwrap" else "util-linux"
+        return None, f"{layer} is not installed (apt-get install {pkg})"
+    if layer == "bwrap":
+        prefix = _bwrap_prefix(program)
+        why = _try(prefix)
+        if why is None:
+            return prefix, "bwrap (no network, own namespaces, no capabilities, read-only view " \
+                           "of the interpreter only, private /tmp)"
+        return None, f"bwrap does not work here: {why} (user namespaces may be disabled)"
+    first_why = None
+    for prefix, who in _unshare_prefixes(program):
+        why = _try(prefix)
+        if why is None:
+            return prefix, f"unshare (no network, own pid/ipc/uts/mount namespaces, runs as {who})"
+        first_why = first_why or why
+    return None, f"unshare does not work here: {first_why}"
+
+
+@functools.cache
+def _seccomp_probe() -> tuple[bool, str]:
+    try:
+        import pyseccomp  # noqa: F401  (loads libseccomp)
+    except Exception as e:  # ImportError, or RuntimeError when libseccomp is missing
+        return False, (f"no seccomp ({e}: pip install pyseccomp, apt-get install libseccomp2; "
+                       "without it, unshare and none do not stop file writes)")
+    return True, "seccomp (no sockets, processes, exec, file writes, signals to others)"
+
+
+class ProcessBackend(Backend):
+    """Runner processes on this machine; see the module docstring for what each layer does."""
+
+    name = "process"
+
+    def __init__(self, isolation: str = "auto", seccomp: bool = True):
+        if isolation not in ("auto",) + LAYERS:
+            raise UsageError(f"unknown isolation {isolation!r}; choose auto, {', '.join(LAYERS)}")
+        self.isolation, self.seccomp = isolation, seccomp
+
+    def _plan(self) -> tuple[str | None, list[str] | None, str, bool, str]:
+        """(layer, prefix, layer description, seccomp on, seccomp description)."""
+        reasons = []
+        for layer in LAYERS if self.isolation == "auto" else (self.isolation,):
+            prefix, what = _probe(layer)
+            if prefix is not None:
+                break
+            reasons.append(what)
+        else:
+            layer, prefix, what = None, None, "; ".join(reasons)
+        if layer == "none" and reasons:
+            what = f"no namespaces ({'; '.join(reasons)})"
+        elif layer == "none":
+            what = "no namespaces (isolation='none')"
+        sec_on, sec_what = _seccomp_probe() if self.seccomp else (False, "no seccomp (turned off)")
+        return layer, prefix, what, sec_on, sec_what
+
+    def isolation_layers(self) -> list[str]:
+        """The layers a sandbox started now would have, e.g. ["bwrap", "seccomp", "rlimits",
+        "no_new_privs"]; empty when nothing would isolate."""
+        ok, _ = self.available()
+        if not ok:
+            return []
+        layer, _, _, sec_on, _ = self._plan()
+        return ([layer] if layer != "none" else []) + (["seccomp"] if sec_on else []) + [
+            "rlimits", "no_new_privs"]
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            layer, _, what, sec_on, sec_what = self._plan()
+        except Exception as e:  # never raise: a broken probe means "not here"
+            return False, f"the process sandbox could not be probed: {e!r}"
+        if layer is None:
+            return False, f"the {self.isolation} isolation does not work here: {what}"
+        if layer == "none" and not sec_on:
+            return False, f"nothing would isolate env code here ({what}; {sec_what}); {HOW_TO}"
+        return True, f"process sandbox: {what}, {sec_what}, rlimits, no_new_privs"
+
+    def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
+        ok, why = self.available()
+        if not ok:
+            raise SandboxUnavailable(why)
+        if not 0 <= hash_seed <= 4294967295:
+            raise UsageError(f"hash_seed must be in [0, 4294967295], got {hash_seed}")
+        layer, prefix, _, sec_on, _ = self._plan()
+        argv = prefix + [sys.executable, "-s", "-B", RUNNER] + (["--seccomp"] if sec_on else [])
+        err = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, cwd="/", env=_env(hash_seed), bufsize=0,
+                                    start_new_session=True, preexec_fn=_preexec(limits))
+        except (OSError, subprocess.SubprocessError) as e:
+            err.close()
+            raise SandboxUnavailable(f"cannot start the runner ({layer}): {e}") from None
+        sandbox = Sandbox(PipeTransport(proc, err, limits.load_timeout_s), limits,
+                          backend=f"process/{layer}")
+        try:
+            if sandbox.call("ping", timeout=limits.load_timeout_s) != "pong":
+                raise SandboxProtocolError("the runner's first ping was not answered 'pong'")
+        except SandboxError as e:
+            sandbox.kill()
+            raise SandboxUnavailable(f"the runner did not start ({layer}): {e}") from None
+        return sandbox

@@ -1,0 +1,282 @@
+"""The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
+
+Started as ``python -s -B runner.py [--seccomp]`` behind an isolation boundary (a process sandbox
+or a container). Standard library only; ``pyseccomp`` is used when asked for. It speaks the line
+protocol of ``sandbox/base.py``: one JSON request per line on stdin, one JSON reply per line on
+the original stdout (ops: load, new, reset, step, solve, ping). Before any env code runs it
+
+- keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
+  at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
+  64 KiB: an env's print() can neither corrupt nor read the protocol. (Env code that finds the
+  private fds can still write raw lines there; the host treats every reply as untrusted data.)
+- with ``--seccomp``, installs a seccomp filter (allow by default; EPERM for creating sockets,
+  processes or programs, opening files for writing, changing the filesystem, signalling other
+  processes, tracing, mounting, changing ids, ...). If it cannot, it exits with status 3.
+- sets RLIMIT_NPROC to 0: running as a non-root user it can start no process or thread.
+
+Every call into env code is wrapped so that any exception (SystemExit, MemoryError,
+RecursionError included) becomes an error reply, and every value is checked to survive
+``json.dumps``/``json.loads`` unchanged. The runner exits when stdin closes.
+"""
+import errno
+import io
+import json
+import linecache
+import math
+import os
+import resource
+import sys
+import traceback
+import types
+
+#: Denied outright (EPERM). Names this libseccomp or architecture lacks are skipped.
+DENY = (
+    "socket", "socketpair", "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_writev",
+    "process_vm_readv", "creat", "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir",
+    "mkdirat", "rmdir", "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat",
+    "fchmodat2", "chown", "fchown", "lchown", "fchownat", "truncate", "ftruncate", "mknod",
+    "mknodat", "utime", "utimes", "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr",
+    "removexattr", "lremovexattr", "fremovexattr", "mount", "umount2", "chroot", "pivot_root",
+    "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "setuid", "setgid",
+    "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups",
+    "setsid", "setpgid", "unshare", "setns", "reboot", "bpf", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "perf_event_open",
+    "pidfd_open", "pidfd_getfd", "pidfd_send_signal", "name_to_handle_at", "open_by_handle_at",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon",
+    "swapoff", "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "acct", "quotactl", "syslog", "iopl", "ioperm", "fanotify_init",
+)
+CLONE_THREAD = 0x00010000
+WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+COMPACT = (",", ":")
+RESULTS = {"reset": ("observation", "info"),
+           "step": ("observation", "reward", "terminated", "truncated", "info")}
+
+
+def install_seccomp() -> list:
+    """Load the filter into this process; returns the names skipped as unknown here."""
+    import pyseccomp as sc
+    filt, skipped = sc.SyscallFilter(sc.ALLOW), []
+
+    def deny(name, *args, err=errno.EPERM):
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) < 0:
+            skipped.append(name)
+        else:
+            filt.add_rule(sc.ERRNO(err), name, *args)
+
+    for name in DENY:
+        deny(name)
+    for name in ("clone3", "openat2"):  # flags live behind a pointer: ENOSYS, libc falls back
+        deny(name, err=errno.ENOSYS)
+    deny("clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))  # new processes, not threads
+    for name in ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        deny(name, sc.Arg(0, sc.NE, os.getpid()))
+    for name, flags_arg in (("open", 1), ("openat", 2)):
+        for flag in WRITE_FLAGS:
+            deny(name, sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
+    filt.load()
+    return sorted(set(skipped))
+
+
+class Sink(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` for env code: the first 64 KiB go to fd 2, the rest nowhere."""
+    budget = 64 << 10
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        data = str(s).encode("utf-8", "replace")
+        if Sink.budget > 0:
+            try:
+                os.write(2, data[:Sink.budget])
+            except OSError:
+                pass
+            Sink.budget -= len(data)
+        return len(s)
+
+
+class Failure(Exception):
+    def __init__(self, kind, message, type_="", tb=""):
+        super().__init__(message)
+        self.error = {"kind": kind, "type": type_, "message": message, "traceback": tb}
+
+
+def safe_str(exc):
+    try:
+        return str(exc)[:2000]
+    except BaseException:
+        return "<the exception's str() failed>"
+
+
+def json_problem(value, path, depth=0):
+    """Where ``value`` stops being JSON, e.g. "tuple at info['pos']" (None when nowhere)."""
+    if depth > 100:
+        return f"nesting deeper than 100 levels at {path}"
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} at {path}"
+    if isinstance(value, list):
+        return next(filter(None, (json_problem(v, f"{path}[{i}]", depth + 1)
+                                  for i, v in enumerate(value))), None)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"a {type(k).__name__} key at {path}"
+            found = json_problem(v, f"{path}[{k!r}]", depth + 1)
+            if found:
+                return found
+        return None
+    return f"{type(value).__name__} at {path}"
+
+
+class Runner:
+    def __init__(self, sandbox_info):
+        self.sandbox_info, self.module, self.env_cls = sandbox_info, None, None
+        self.instances, self.filename = [], "env.py"
+
+    def call(self, fn, *args):
+        """Run env code; any exception becomes an "env" failure with the env's own frames."""
+        try:
+            return fn(*args)
+        except BaseException as e:
+            raise Failure("env", safe_str(e), type(e).__name__, self.env_traceback(e)) from None
+
+    def env_traceback(self, exc):
+        try:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if f.filename == self.filename]
+            lines = ["Traceback (most recent call last):\n"] if frames else []
+            if len(frames) > 20:
+                lines += traceback.format_list(frames[:5]) + [f"  ... {len(frames) - 15} frames\n"]
+                frames = frames[-10:]
+            lines += traceback.format_list(frames) + traceback.format_exception_only(exc)
+            return "".join(lines)[-4000:]
+        except BaseException:
+            return ""
+
+    def json_text(self, op, value, name):
+        """The JSON text of ``value``, or a "json" failure naming where it is not JSON."""
+        try:
+            text = json.dumps(value, allow_nan=False, separators=COMPACT)
+            if json.loads(text) == value:
+                return text
+        except (TypeError, ValueError, RecursionError, OverflowError):
+            pass
+        problem = json_problem(value, name) or "it changes through json.dumps/json.loads"
+        raise Failure("json", f"{op}'s {name} is not JSON: {problem}")
+
+    def instance(self, req):
+        i = req.get("instance")
+        if type(i) is not int or not 0 <= i < len(self.instances):
+            raise Failure("protocol", f"no instance {i!r}; {len(self.instances)} made so far "
+                                      "(op new makes one)")
+        return self.instances[i]
+
+    def handle(self, req):
+        """The JSON text of the reply's value for one request."""
+        op = req.get("op")
+        if op == "ping":
+            return '"pong"'
+        if op == "load":
+            return self.load(req)
+        if op not in ("new", "reset", "step", "solve"):
+            raise Failure("protocol", f"unknown op {op!r}; known: load, new, reset, step, "
+                                      "solve, ping")
+        if self.module is None:
+            raise Failure("protocol", f"{op} before load: load an env first")
+        if op == "new":
+            self.instances.append(self.call(self.env_cls))
+            return str(len(self.instances) - 1)
+        env, arg = self.instance(req), "action" if op == "step" else "seed"
+        if arg not in req:
+            raise Failure("protocol", f"{op} needs the field {arg!r}")
+        value = self.call(getattr, env, op)
+        value = self.call(value, req[arg])
+        if op == "solve":
+            if not isinstance(value, list):
+                raise Failure("contract", f"solve must return a list of assistant messages; "
+                                          f"it returned {type(value).__name__}")
+            return self.json_text(op, value, "result")
+        names = RESULTS[op]
+        if not isinstance(value, (tuple, list)) or len(value) != len(names):
+            got = (f"a {len(value)}-{type(value).__name__}" if isinstance(value, (tuple, list))
+                   else type(value).__name__)
+            raise Failure("contract", f"{op} must return a {len(names)}-tuple "
+                                      f"({', '.join(names)}); it returned {got}")
+        return "[" + ",".join(self.json_text(op, v, n) for v, n in zip(value, names)) + "]"
+
+    def load(self, req):
+        if self.module is not None:
+            raise Failure("protocol", "an env is already loaded here; start a new sandbox "
+                                      "for another")
+        source, filename = req.get("source"), req.get("filename", "env.py")
+        if not isinstance(source, str) or not isinstance(filename, str):
+            raise Failure("protocol", "load needs a string 'source' (and optional 'filename')")
+        self.filename = filename
+        module = types.ModuleType("env")
+        module.__file__ = filename
+        sys.modules["env"] = module  # dataclasses and pickling look classes up here
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        self.call(lambda: exec(compile(source, filename, "exec"), module.__dict__))
+        env_cls = module.__dict__.get("Env")
+        if not isinstance(env_cls, type):
+            raise Failure("contract", f"{filename} defines no class Env")
+        missing = ["CAPABILITY"] if "CAPABILITY" not in module.__dict__ else []
+        missing += self.call(lambda: [f"Env.{n}" for n in ("tools", "reset", "step", "solve")
+                                      if not hasattr(env_cls, n)])
+        if missing:
+            raise Failure("contract", f"{filename} lacks {', '.join(missing)} "
+                                      "(see ENV_CONTRACT.md)")
+        meta = self.call(lambda: {"capability": module.__dict__["CAPABILITY"],
+                                  "skills": module.__dict__.get("SKILLS"), "tools": env_cls.tools,
+                                  "max_turns": getattr(env_cls, "max_turns", 10)})
+        parts = [f'"{k}":{self.json_text("load", v, k)}' for k, v in meta.items()]
+        parts.append('"sandbox":' + json.dumps(self.sandbox_info, separators=COMPACT))
+        self.module, self.env_cls = module, env_cls
+        return "{" + ",".join(parts) + "}"
+
+
+def main(argv):
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)
+    os.close(null)
+    sys.stdin, sys.stdout, sys.stderr = None, Sink(), Sink()
+    info = {"seccomp": False, "uid": os.getuid()}
+    if "--seccomp" in argv:
+        try:
+            info["seccomp_skipped"] = install_seccomp()
+            info["seccomp"] = True
+        except Exception as e:
+            os.write(2, f"runner: cannot install the seccomp filter: {e!r}\n".encode())
+            os._exit(3)
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    runner = Runner(info)
+    for line in open(proto_in, "rb"):
+        rid = None
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise Failure("protocol", "a request must be a JSON object")
+            rid = req.get("id")
+            reply = '{"id":%s,"ok":true,"value":%s}' % (json.dumps(rid), runner.handle(req))
+        except BaseException as e:
+            if isinstance(e, Failure):
+                error = e.error
+            elif isinstance(e, ValueError) and rid is None:
+                error = Failure("protocol", f"a request that is not JSON: {safe_str(e)}").error
+            else:  # env code reached the runner's own code (a hostile __len__, __iter__, ...)
+                error = Failure("env", safe_str(e), type(e).__name__, runner.env_traceback(e)).error
+            reply = json.dumps({"id": rid if isinstance(rid, (int, str)) else None, "ok": False,
+                                "error": error}, separators=COMPACT)
+        data = memoryview((reply + "\n").encode())
+        while data:
+            data = data[os.write(proto_out, data):]
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

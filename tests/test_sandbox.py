@@ -1,0 +1,501 @@
+"""The process sandbox and its runner, with real processes (no mocks).
+
+Protocol round trips run on the best layer this machine has. The adversarial tests feed hostile
+env sources straight into the sandbox (the static audit is not involved) on every isolation layer
+available here, and check the host afterwards: no file appeared, no connection arrived, the test
+process is alive, and no process outlived its sandbox.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envforge.contract import ALLOWED_IMPORTS, Limits
+from envforge.errors import (EnvCallError, SandboxCrashed, SandboxProtocolError, SandboxTimeout,
+                             SandboxUnavailable, UsageError)
+from sandbox.process import LAYERS, ProcessBackend, _probe
+
+REPO = Path(__file__).resolve().parent.parent
+MARK = 3_000_000_000 + os.getpid()  # PYTHONHASHSEED of the adversarial sandboxes, to find leaks
+FAST = Limits(call_timeout_s=0.5, memory_mb=512)
+
+GOOD_ENV = '''\
+"""Capability: order lookup.
+
+Why it transfers: the agent must call the target's lookup tool with the id the user gave.
+"""
+import json
+import random
+
+CAPABILITY = "order lookup"
+SKILLS = {"lookup": 1.0}
+
+GET_ORDER = {"type": "function", "function": {
+    "name": "get_order", "description": "Look up an order by id.",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                   "required": ["order_id"]}}}
+
+
+class Env:
+    tools = [GET_ORDER]
+    max_turns = 4
+
+    def reset(self, seed):
+        self.order = "#W%04d" % random.Random(seed).randrange(10000)
+        messages = [{"role": "system", "content": "Answer questions about orders."},
+                    {"role": "user", "content": "Where is my order " + self.order + "?"}]
+        return {"messages": messages}, {"skill": "lookup"}
+
+    def step(self, action):
+        out, reward = [], 0.0
+        for call in action.get("tool_calls") or []:
+            args = json.loads(call["function"]["arguments"])
+            found = call["function"]["name"] == "get_order" and args.get("order_id") == self.order
+            reward = 1.0 if found else reward
+            out.append({"role": "tool", "tool_call_id": call["id"],
+                        "content": "shipped" if found else "no such order"})
+        return {"messages": out}, reward, reward == 1.0, False, {"skill": "lookup"}
+
+    def solve(self, seed):
+        self.reset(seed)
+        arguments = json.dumps({"order_id": self.order})
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "get_order", "arguments": arguments}}
+        return [{"role": "assistant", "content": None, "tool_calls": [call]}]
+'''
+END = 'return {"messages": []}, 0.0, True, False, {}'
+
+
+def env_with(step: str | None = None, reset: str | None = None) -> str:
+    """GOOD_ENV with Env.step and/or Env.reset replaced by these bodies (a broken-env factory)."""
+    src = GOOD_ENV + "\n\nclass Env(Env):\n    pass\n"
+    for name, arg, body in (("step", "action", step), ("reset", "seed", reset)):
+        if body is not None:
+            body = textwrap.indent(textwrap.dedent(body), " " * 8)
+            src += f"\n    def {name}(self, {arg}):\n{body}\n"
+    return src
+
+
+def returning(info: str) -> str:
+    """A step body's last line: end the episode with this info (Python source of a dict)."""
+    return f'return {{"messages": []}}, 0.0, True, False, {info}'
+
+
+def _stat(pid: str) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def processes_marked() -> list[int]:
+    """Pids of live processes started with PYTHONHASHSEED=MARK (sandboxes and their children)."""
+    needle, found = f"PYTHONHASHSEED={MARK}".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found += [int(pid)] if _stat(pid)[0] != "Z" else []
+        except OSError:
+            pass
+    return found
+
+
+def children() -> set[int]:
+    """Pids whose parent is this test process (psutil is not installed: read /proc)."""
+    kids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(_stat(pid)[1]) == os.getpid():
+                kids.add(int(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+def backend_for(layer: str) -> ProcessBackend:
+    backend = ProcessBackend(isolation=layer)
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(f"isolation layer {layer!r} is not available here: {why}")
+    return backend
+
+
+@pytest.fixture(scope="module")
+def best() -> ProcessBackend:
+    return backend_for("auto")
+
+
+@pytest.fixture
+def make(best):
+    """make(source=None, backend=best, hash_seed=0, **limits) -> a started (and loaded) sandbox,
+    killed after the test."""
+    def make(source=None, backend=None, hash_seed=0, **limits):
+        sb = (backend or best).start(dataclasses.replace(Limits(), **limits), hash_seed=hash_seed)
+        make.started.append(sb)
+        if source is not None:
+            sb.load(source)
+        return sb
+    make.started = []
+    yield make
+    for sb in make.started:
+        sb.kill()
+
+
+@pytest.fixture(params=LAYERS)
+def hostile(request, make):
+    """hostile(source, **limits) -> a loaded sandbox on one layer; afterwards, no process of it
+    may be left (checked by environment marker and by parent pid)."""
+    backend, before = backend_for(request.param), children()
+
+    def start(source: str, **limits):
+        sb = make(source, backend, MARK, **{**dataclasses.asdict(FAST), **limits})
+        assert sb.meta["sandbox"]["seccomp"] is ("seccomp" in backend.isolation_layers())
+        return sb
+
+    start.layer = request.param
+    yield start
+    for sb in make.started:
+        sb.kill()
+    assert processes_marked() == [], "a sandboxed process outlived its sandbox"
+    assert children() - before == set(), "a child process of the test leaked"
+
+
+def step(sb, content="go"):
+    sb.new()
+    sb.reset(0, 1)
+    return sb.step(0, {"role": "assistant", "content": content})
+
+
+# --------------------------------------------------------------------------- the backend
+
+def test_backend_says_what_isolates(best):
+    ok, why = best.available()
+    assert ok and why.startswith("process sandbox: ")
+    assert best.isolation_layers()[-2:] == ["rlimits", "no_new_privs"]
+
+
+def test_nothing_to_isolate_is_unavailable_with_the_fix():
+    backend = ProcessBackend(isolation="none", seccomp=False)
+    ok, why = backend.available()
+    assert not ok and backend.isolation_layers() == []
+    assert "apt-get install bubblewrap" in why and "pip install pyseccomp" in why
+    with pytest.raises(SandboxUnavailable, match="nothing would isolate env code here"):
+        backend.start(Limits())
+
+
+def test_missing_tools_degrade_to_the_next_layer(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no unshare on this PATH
+    _probe.cache_clear()
+    try:
+        ok, why = ProcessBackend(isolation="bwrap").available()
+        assert not ok and why == ("the bwrap isolation does not work here: bwrap is not "
+                                  "installed (apt-get install bubblewrap)")
+        auto = ProcessBackend()
+        if not auto.available()[0]:
+            pytest.skip(auto.available()[1])
+        assert auto.isolation_layers() == ["seccomp", "rlimits", "no_new_privs"]
+        assert ("no namespaces (bwrap is not installed (apt-get install bubblewrap); unshare is "
+                "not installed (apt-get install util-linux))") in auto.available()[1]
+        sb = auto.start(Limits())
+        assert sb.backend == "process/none" and sb.ping()
+        sb.kill()
+    finally:
+        _probe.cache_clear()
+
+
+def test_unknown_isolation_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown isolation 'docker'; choose auto, bwrap, "
+                                         "unshare, none"):
+        ProcessBackend(isolation="docker")
+
+
+def test_a_runner_that_cannot_answer_in_time_is_unavailable(best):
+    with pytest.raises(SandboxUnavailable, match="the runner did not start"):
+        best.start(Limits(load_timeout_s=0.001))
+
+
+def test_closed_stdin_ends_the_runner_cleanly(make):
+    sb = make()
+    assert sb.ping()
+    sb.transport.proc.stdin.close()
+    assert sb.transport.proc.wait(timeout=5) == 0
+
+
+def test_ping_round_trip_is_fast(make):
+    sb, times = make(), []
+    for _ in range(300):
+        t = time.perf_counter()
+        sb.ping()
+        times.append(time.perf_counter() - t)
+    assert sorted(times)[150] < 0.001
+
+
+# --------------------------------------------------------------------------- the protocol
+
+def test_load_returns_the_meta(make, best):
+    meta = dict(make(GOOD_ENV).meta)
+    sandbox = meta.pop("sandbox")
+    assert sandbox["seccomp"] is ("seccomp" in best.isolation_layers())
+    assert isinstance(sandbox["uid"], int)
+    assert meta == {"capability": "order lookup", "skills": {"lookup": 1.0},
+                    "tools": [{"type": "function", "function": {
+                        "name": "get_order", "description": "Look up an order by id.",
+                        "parameters": {"type": "object",
+                                       "properties": {"order_id": {"type": "string"}},
+                                       "required": ["order_id"]}}}],
+                    "max_turns": 4}
+
+
+def test_new_reset_step_solve_round_trip(make):
+    sb = make(GOOD_ENV)
+    assert sb.new() == 0 and sb.new() == 1
+    obs, info = sb.reset(0, 7)
+    assert info == {"skill": "lookup"}
+    assert [m["role"] for m in obs["messages"]] == ["system", "user"]
+    (action,) = sb.solve(1, 7)
+    assert action["tool_calls"][0]["function"]["name"] == "get_order"
+    assert sb.step(0, action) == [
+        {"messages": [{"role": "tool", "tool_call_id": "call_0", "content": "shipped"}]},
+        1.0, True, False, {"skill": "lookup"}]
+    assert sb.step(0, {"role": "assistant", "content": "hi"})[1:4] == [0.0, False, False]
+    assert sb.ping()
+
+
+def test_env_exception_is_an_env_call_error_and_the_sandbox_lives(make):
+    sb = make(env_with(step="return {}['missing']"))
+    with pytest.raises(EnvCallError) as e:
+        step(sb)
+    assert (e.value.kind, e.value.type, e.value.message) == ("env", "KeyError", "'missing'")
+    assert 'File "env.py", line' in e.value.traceback and "runner.py" not in e.value.traceback
+    assert e.value.traceback.endswith("KeyError: 'missing'\n")
+    assert sb.reset(0, 2)[1] == {"skill": "lookup"} and sb.ping()
+
+
+@pytest.mark.parametrize("body, kind, type_, message", [
+    ("raise SystemExit(3)", "env", "SystemExit", "3"),
+    ("raise KeyboardInterrupt", "env", "KeyboardInterrupt", ""),
+    ("def f():\n    f()\nf()", "env", "RecursionError", "maximum recursion depth exceeded"),
+    (returning('{"pos": (1, 2)}'), "json", "", "step's info is not JSON: tuple at info['pos']"),
+    ('return {"messages": [], "x": float("nan")}, 0.0, True, False, {}',
+     "json", "", "step's observation is not JSON: nan at observation['x']"),
+    (returning('{1: "a"}'), "json", "", "step's info is not JSON: a int key at info"),
+    (returning('{"s": {1, 2}}'), "json", "", "step's info is not JSON: set at info['s']"),
+    ('return {"messages": []}, 0.0', "contract", "", "step must return a 5-tuple (observation, "
+                                                     "reward, terminated, truncated, info); "
+                                                     "it returned a 2-tuple"),
+    ("return None", "contract", "", "step must return a 5-tuple (observation, reward, "
+                                    "terminated, truncated, info); it returned NoneType"),
+])
+def test_broken_steps_are_typed(make, body, kind, type_, message):
+    sb = make(env_with(step=body))
+    with pytest.raises(EnvCallError) as e:
+        step(sb)
+    assert (e.value.kind, e.value.type, e.value.message) == (kind, type_, message)
+    assert sb.ping()
+
+
+@pytest.mark.parametrize("source, kind, message", [
+    ("CAPABILITY = 'x'\n", "contract", "env.py defines no class Env"),
+    (GOOD_ENV.replace('CAPABILITY = "order lookup"', ""), "contract",
+     "env.py lacks CAPABILITY (see ENV_CONTRACT.md)"),
+    (GOOD_ENV.replace("    tools = [GET_ORDER]\n", ""), "contract",
+     "env.py lacks Env.tools (see ENV_CONTRACT.md)"),
+    (GOOD_ENV.replace("tools = [GET_ORDER]", "tools = (GET_ORDER,)"), "json",
+     "load's tools is not JSON: tuple at tools"),
+    ("def broken(:\n", "env", "invalid syntax (env.py, line 1)"),
+])
+def test_broken_loads_are_typed(make, source, kind, message):
+    sb = make()
+    with pytest.raises(EnvCallError) as e:
+        sb.load(source)
+    assert (e.value.kind, e.value.message) == (kind, message)
+
+
+def test_wrong_shapes_and_protocol_errors(make):
+    sb = make(env_with(reset="return [{}]"))
+    with pytest.raises(EnvCallError, match=r"^no instance 0; 0 made so far \(op new makes one\)$"):
+        sb.reset(0, 1)
+    sb.new()
+    with pytest.raises(EnvCallError, match=r"^reset must return a 2-tuple \(observation, info\); "
+                                           r"it returned a 1-list$"):
+        sb.reset(0, 1)
+    with pytest.raises(EnvCallError) as e:
+        sb.call("jump")
+    assert (e.value.kind, e.value.message) == (
+        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, ping")
+    with pytest.raises(EnvCallError, match="an env is already loaded here"):
+        sb.load(GOOD_ENV)
+    solve_dict = make(GOOD_ENV.replace('return [{"role"', 'return {"role"').replace(
+        '"tool_calls": [call]}]', '"tool_calls": [call]}'))
+    solve_dict.new()
+    with pytest.raises(EnvCallError, match="^solve must return a list of assistant messages; "
+                                           "it returned dict$"):
+        solve_dict.solve(0, 1)
+
+
+def test_env_output_does_not_break_the_protocol(make):
+    forged = '{"id": 3, "ok": true, "value": 0}'
+    sb = make(env_with(step=f"import os, sys\nprint({forged!r})\nos.write(1, b{forged!r} b'\\n')\n"
+                            f"sys.stderr.write('x' * 10**6)\n{END}",
+                       reset='print("resetting", seed)\nreturn {"messages": []}, {}'))
+    sb.new()
+    assert sb.reset(0, 1) == [{"messages": []}, {}]
+    assert sb.step(0, {}) == [{"messages": []}, 0.0, True, False, {}]
+    assert sb.ping()
+
+
+def test_hash_seed_reaches_the_runner(make):
+    source = env_with(reset='return {"messages": []}, {"h": hash("abc")}')
+
+    def observed(seed):
+        sb = make(source, hash_seed=seed)
+        sb.new()
+        return sb.reset(0, 0)[1]["h"]
+    assert observed(1) == observed(1) != observed(2)
+
+
+def test_a_runner_that_exits_is_reported_with_its_status(make):
+    sb = make(env_with(step="import os\nos.write(2, b'bye now')\nos._exit(7)"))
+    with pytest.raises(SandboxCrashed, match=r"^step: the runner exited "
+                                             r"\(exit status 7; stderr: bye now\)$"):
+        step(sb)
+    assert not sb.transport.alive()
+
+
+# --------------------------------------------------------------------------- hostile envs
+
+def test_infinite_loop_times_out_and_is_killed(hostile):
+    sb = hostile(env_with(step="while True:\n    pass"))
+    t = time.monotonic()
+    with pytest.raises(SandboxTimeout, match="^step did not answer within 0.5 s; "
+                                             "the sandbox was killed$"):
+        step(sb)
+    assert time.monotonic() - t < 0.5 + 1.0
+    assert not sb.transport.alive() and processes_marked() == []
+    with pytest.raises(SandboxCrashed, match="closed or killed earlier"):
+        sb.ping()
+
+
+def test_infinite_loop_at_load_times_out(hostile):
+    with pytest.raises(SandboxTimeout, match="^load did not answer within 1 s"):
+        hostile("while True:\n    pass\n", load_timeout_s=1.0)
+
+
+def test_memory_bomb_is_a_typed_error(hostile):
+    sb = hostile(env_with(step="blocks = []\nwhile True:\n    blocks.append(bytearray(50 << 20))"),
+                 call_timeout_s=10.0)
+    try:
+        step(sb)
+    except EnvCallError as e:
+        assert e.type == "MemoryError"
+        assert sb.ping()  # the memory came back
+    except SandboxCrashed:
+        pass
+    else:
+        pytest.fail("a memory bomb returned normally")
+
+
+@pytest.mark.parametrize("attack", [
+    "import os\npid = os.fork()\nif pid == 0:\n    import time\n    time.sleep(30)\n"
+    "    os._exit(0)",
+    "import subprocess\nsubprocess.run(['/bin/sleep', '30'])",
+    "import os\nwhile True:\n    os.fork()",
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()",
+], ids=["fork", "subprocess", "fork-bomb", "thread"])
+def test_new_processes_fail_or_are_contained(hostile, attack):
+    sb = hostile(env_with(step=attack + "\n" + END))
+    try:
+        step(sb)
+    except EnvCallError as e:
+        assert e.type in ("PermissionError", "BlockingIOError", "RuntimeError")
+    assert sb.ping()
+
+
+def test_writing_host_files_leaves_nothing(hostile, tmp_path):
+    pid = os.getpid()
+    targets = [tmp_path / "pwned", REPO / f".pwned-{pid}", Path(f"/tmp/pwned-{pid}")]
+    attack = "".join(f"try:\n    open({str(p)!r}, 'w').write('x')\nexcept OSError:\n    pass\n"
+                     for p in targets)
+    attack += f"import os\ntry:\n    os.mkdir({str(tmp_path / 'dir')!r})\nexcept OSError:\n    pass"
+    step(hostile(env_with(step=attack + "\n" + END)))
+    appeared = [p for p in targets + [tmp_path / "dir"] if p.exists()]
+    for p in appeared:
+        p.unlink() if p.is_file() else p.rmdir()
+    assert appeared == []
+
+
+def test_network_connections_do_not_arrive(hostile):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.3)
+        port = listener.getsockname()[1]
+        sb = hostile(env_with(step=f"import socket\nsocket.create_connection(('127.0.0.1', "
+                                   f"{port}), timeout=1).sendall(b'hi')\n{END}"))
+        with pytest.raises(EnvCallError) as e:
+            step(sb)
+        assert e.value.type in ("PermissionError", "ConnectionRefusedError", "OSError")
+        with pytest.raises(socket.timeout):
+            listener.accept()
+
+
+def test_signals_do_not_reach_the_host(hostile):
+    attack = (f"import os, signal\nfor pid in ({os.getpid()}, os.getppid()):\n"
+              f"    for sig in (signal.SIGKILL, signal.SIGTERM):\n        try:\n"
+              f"            os.kill(pid, sig)\n        except OSError:\n            pass")
+    sb = hostile(env_with(step=attack + "\n" + END))
+    step(sb)
+    assert sb.ping()  # this test process, and the sandbox's own parent, are alive
+
+
+def test_huge_output_is_a_protocol_error(hostile):
+    sb = hostile(env_with(step=returning('{"b": "x" * 50_000_000}')), memory_mb=1024,
+                 call_timeout_s=10.0)
+    with pytest.raises(SandboxProtocolError, match="a reply line longer than 4194304 bytes"):
+        step(sb)
+    assert not sb.transport.alive()
+
+
+def test_host_secrets(hostile):
+    """bwrap hides host files; the other layers hide nothing from the runner's own uid (as
+    documented in sandbox/process.py), so there the test records what is true."""
+    secrets = [REPO / f".secret-{os.getpid()}", Path("/etc/shadow")]
+    if os.access("/root", os.W_OK):
+        secrets.append(Path(f"/root/.secret-{os.getpid()}"))
+    written = [p for p in secrets if p.parent != Path("/etc")]
+    for p in written:
+        p.write_text("hunter2")
+    try:
+        reads = "".join(f"try:\n    seen.append(len(open({str(p)!r}).read()) > 0)\n"
+                        f"except OSError:\n    seen.append(False)\n" for p in secrets)
+        sb = hostile(env_with(step="seen = []\n" + reads + returning('{"seen": seen}')))
+        seen = step(sb)[4]["seen"]
+        readable = [os.access(p, os.R_OK) for p in secrets]
+    finally:
+        for p in written:
+            p.unlink()
+    if hostile.layer == "bwrap":
+        assert seen == [False] * len(secrets)
+    elif sb.meta["sandbox"]["uid"] == os.geteuid():
+        assert seen == readable
+
+
+def test_unshare_has_no_network_and_its_own_pids(make):
+    sb = make(env_with(step='import os\nifs = [l.split(":")[0].strip() for l in '
+                            'open("/proc/net/dev")][2:]\n' + returning('{"pid": os.getpid(), '
+                                                                        '"ifs": ifs}')),
+              backend=backend_for("unshare"))
+    assert step(sb)[4] == {"pid": 1, "ifs": ["lo"]}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_allowed_import_works_on_every_layer(make, layer):
+    imports = "".join(f"import {name}\n" for name in sorted(ALLOWED_IMPORTS))
+    body = "return {'messages': []}, {'digest': hashlib.sha256(b'x').hexdigest()[:8], " \
+           "'mean': statistics.mean([1, 2]), 'd': str(decimal.Decimal('1.5'))}"
+    sb = make(imports + env_with(reset=body), backend=backend_for(layer))
+    sb.new()
+    assert sb.reset(0, 0)[1] == {"digest": "2d711642", "mean": 1.5, "d": "1.5"}
