@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from envforge import __version__
-from envforge.errors import EnvforgeError
+from envforge.errors import EnvforgeError, UsageError
 
 
 class Group(click.Group):
@@ -68,6 +69,9 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, n
 
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
+    if target and target != "example" and not Path(target).exists():
+        raise UsageError(f"--target {target}: no such folder or file; give a target folder, a JSON "
+                         "file of tool schemas, or 'example'")
     tgt = load_target(target) if target else None
     settings = GateSettings(seeds=seeds, limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
     reports = []
@@ -136,3 +140,78 @@ def _print_report(report) -> None:
 
 # ----------------------------------------------------------------------------- identify
 # (capability identification: see envforge/identify.py)
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
+              default="auto", show_default=True, help="Trajectory file format (auto: by content).")
+@click.option("--labeler", type=click.Choice(["structural", "llm"]), default="structural",
+              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model.")
+@click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
+              "Default: read/write from tool names.")
+@click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
+@click.option("--min-runs", type=int, help="K: runs a capability must be kept in "
+              "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
+@click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
+@click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
+@click.option("--success-threshold", type=float, default=1.0, show_default=True,
+              help="A trajectory succeeds when its reward is at least this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
+@click.option("--out", "-o", default="capabilities.json", show_default=True,
+              help="Where to write the result (what 'envforge synth --from' reads).")
+@click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
+@click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--model", help="LLM labeller: the model the endpoint serves "
+              "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
+@click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
+@click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
+@click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
+@click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
+def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_threshold, seed,
+             out, plot_path, no_plot, as_json, model, concurrency, rate_limit, cache_dir, no_cache):
+    """Find the capabilities an agent lacks by contrasting its successes and failures.
+
+    PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
+    files, or folders of them. Writes capabilities.json and a plot; prints a table.
+    """
+    from pathlib import Path
+
+    from envforge import identify as ident
+    from envforge.errors import InputError
+    from envforge.trajectories import load_trajectories
+
+    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho,
+             "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
+    config = ident.IdentifyConfig(
+        labeler=labeler, success_threshold=success_threshold, seed=seed, model=model,
+        cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
+        **{k: v for k, v in given.items() if v is not None})
+    if labeler == "llm" and not model:
+        raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
+    meta = None
+    if target:
+        from envforge.targets import load_target
+        meta = load_target(target).meta
+    trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
+    report = ident.identify(trajectories, config, meta=meta)
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{out}: cannot write the result ({e.strerror})") from None
+    drawn = None
+    if not no_plot:
+        drawn = ident.plot(report, plot_path or Path(out).with_suffix(".png"))
+        if drawn is None:
+            click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
+                       err=True)
+    if as_json:
+        emit_json(report)
+        return
+    from rich.console import Console
+    console = Console()
+    console.print(ident.table(report))
+    kept = [c["name"] for c in report["capabilities"] if c["retained"]]
+    console.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
+                  + (f" and {drawn}" if drawn else ""), highlight=False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -123,8 +124,7 @@ class Host:
             elif e.type == "MemoryError":
                 self.findings.add("bounded", f"{where}: ran out of memory (limit {self.settings.limits.memory_mb} MiB)")
             else:
-                tb = e.traceback.strip().splitlines()
-                at = f" ({tb[-2].strip()})" if len(tb) >= 2 else ""
+                at = _where(e.traceback)
                 self.findings.add("robustness", f"{where}: raised {e.type}: {e.message[:200]}{at}. "
                                   "An env must answer every action, valid or not, with an observation; "
                                   "a bad tool call gets a tool message saying what was wrong.",
@@ -172,6 +172,17 @@ class Host:
 
     def replay(self, name: str, ep: Episode, label: str) -> Episode:
         return self.episode(name, ep.seed, scripted(ep.actions), label)
+
+
+def _where(tb: str) -> str:
+    """' (env.py line 12, in _refund: args["email"])' from the runner's trimmed traceback."""
+    lines = tb.strip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', lines[i])
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f" ({m[1]} line {m[2]}, in {m[3]}: {code[:80]})"
+    return ""
 
 
 class Findings:
@@ -417,12 +428,16 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
 
     say("determinism and isolation")
     replays = reference + [e for e in rand if e.ok][: settings.replay_random]
-    for e in replays:
-        _same(e, host.replay("a", e, "replay"), "determinism",
-              "the same seed and actions replayed in the same instance", findings)
-        _same(e, host.replay("b", e, "replay"), "determinism",
-              "the same seed and actions in a second instance", findings)
-    _isolation(host, reference, findings)
+    # Each comparison only means something when the simpler ones held: stop at the first failure.
+    comparisons = [
+        ("determinism", "the same seed and actions replayed in the same instance", lambda e: host.replay("a", e, "replay"), ""),
+        ("determinism", "the same seed and actions in a second instance", lambda e: host.replay("b", e, "replay"), ""),
+    ]
+    for check, how, run, hint in comparisons:
+        if not all(_same(e, run(e), check, how, findings, hint) for e in replays):
+            return
+    if not _isolation(host, reference, findings):
+        return
 
     say("determinism across processes")
     try:
@@ -430,11 +445,10 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     except (SandboxError, EnvCallError) as e:
         findings.add("bounded", f"second sandbox process: {e}")
         return
-    for e in replays:
-        _same(e, other.replay("a", e, "replay"), "determinism",
-              f"the same seed and actions in a fresh process with PYTHONHASHSEED={settings.hash_seeds[1]} "
-              f"(first: {settings.hash_seeds[0]})", findings, hint=" Set iteration order, hash() "
-              "and id() depend on the process; sort, or use lists and dicts.")
+    how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={settings.hash_seeds[1]} "
+           f"(first: {settings.hash_seeds[0]})")
+    hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
+    all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
 
 
 def _check_plan(plan: Any, by_name: dict, findings: Findings, seed: int) -> list | None:
@@ -457,9 +471,10 @@ def _check_plan(plan: Any, by_name: dict, findings: Findings, seed: int) -> list
     return plan
 
 
-def _same(a: Episode, b: Episode, check: str, how: str, findings: Findings, hint: str = "") -> None:
+def _same(a: Episode, b: Episode, check: str, how: str, findings: Findings, hint: str = "") -> bool:
+    """Compare two runs of one episode; on a difference add a finding and return False."""
     if not (a.ok and b.ok):
-        return
+        return True
     hint = hint or (" Draw all randomness from random.Random(seed) made in reset; no module-level "
                     "random or clock.")
     for i, (x, y) in enumerate(zip(a.trace, b.trace)):
@@ -467,9 +482,11 @@ def _same(a: Episode, b: Episode, check: str, how: str, findings: Findings, hint
             where = "reset" if i == 0 else f"step {i}"
             findings.add(check, f"{how} gave a different result at {where} (seed {a.seed}): "
                          f"{_first_diff(x, y)}.{hint}", key=(check, how))
-            return
+            return False
     if len(a.trace) != len(b.trace):
         findings.add(check, f"{how} gave an episode of another length (seed {a.seed}).{hint}", key=(check, how))
+        return False
+    return True
 
 
 def _first_diff(x: Any, y: Any) -> str:
@@ -478,26 +495,29 @@ def _first_diff(x: Any, y: Any) -> str:
     return f"...{sx[max(0, i - 40):i + 40]}... vs ...{sy[max(0, i - 40):i + 40]}..."
 
 
-def _isolation(host: Host, reference: list[Episode], findings: Findings) -> None:
-    """Replay each reference episode on instance b while instance c plays another seed in lockstep."""
+def _isolation(host: Host, reference: list[Episode], findings: Findings) -> bool:
+    """Replay each reference episode on instance b while instance c plays another seed in
+    lockstep: c is reset right after b, then each step of b follows one step of c."""
     for k, e in enumerate(reference):
         other = reference[(k + 1) % len(reference)]
-        if host.op("isolation reset", "reset", "c", other.seed) is None:
-            return
         mine, theirs = iter(e.actions), iter(other.actions)
         state = {"live": True}
 
         def interleaved(t: int, msgs: list) -> Any:
+            if t == 0:
+                state["live"] = host.op("isolation reset", "reset", "c", other.seed) is not None
             extra = next(theirs, None) if state["live"] else None
             if extra is not None:
                 value = host.op("isolation step", "step", "c", extra)
                 state["live"] = value is not None and not (value[2] or value[3])
             return next(mine, None)
 
-        _same(e, host.episode("b", e.seed, interleaved, "isolation"), "isolation",
-              "an episode run while another instance played a different seed", findings,
-              hint=" Instances must share no mutable state: copy module-level data per reset and "
-                   "keep no episode state on the class.")
+        if not _same(e, host.episode("b", e.seed, interleaved, "isolation"), "isolation",
+                     "an episode run while another instance played a different seed", findings,
+                     hint=" Instances must share no mutable state: copy module-level data per reset "
+                          "and keep no episode state on the class."):
+            return False
+    return True
 
 
 def _quiet():

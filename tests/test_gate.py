@@ -1,0 +1,73 @@
+"""The gate end to end: broken variants of a good env, each rejected with the exact finding."""
+import json
+
+import pytest
+
+from envforge.contract import Limits
+from envforge.gate import audit
+from envforge.gate.dynamic import GateSettings
+from tests.envfactory import GOOD_DIR, good_source, variants, write_env
+
+FAST = GateSettings(seeds=12, robustness_examples=15, replay_random=4,
+                    limits=Limits(call_timeout_s=1.0, memory_mb=512))
+
+
+def _errors(report):
+    return [f for f in report.findings if f.severity == "error"]
+
+
+def test_the_good_env_is_accepted_with_stats():
+    report = audit(GOOD_DIR, settings=FAST, write_report=False)
+    assert report.verdict == "accept", [f.to_dict() for f in report.findings]
+    assert report.target == "helpdesk"
+    assert report.stats["solved"] == "12/12"
+    assert report.stats["mean_score"]["reference"] == 1.0
+    assert report.stats["mean_score"]["do_nothing"] <= 0.3
+    assert len(report.stats["score_values"]) >= 3
+    assert set(report.stages) == {"static", "schema", "dynamic"}
+
+
+@pytest.mark.parametrize("variant", variants(), ids=lambda v: v.name)
+def test_each_broken_variant_gets_its_finding(tmp_path, variant):
+    folder = write_env(tmp_path / variant.name, variant.source)
+    report = audit(folder, settings=FAST, write_report=False)
+    assert report.verdict == "reject"
+    matching = [f for f in _errors(report) if f.check == variant.check and variant.message in f.message]
+    assert matching, f"no {variant.check} error mentioning {variant.message!r}; got " + json.dumps(
+        [f.to_dict() for f in report.findings], indent=1)[:3000]
+
+
+def test_every_finding_is_reported_not_only_the_first(tmp_path):
+    crash = next(v for v in variants() if v.name == "crash_on_bad_action").source
+    source = crash.replace("import json\n", "import json\nimport os\n", 1)
+    report = audit(write_env(tmp_path / "two", source), settings=FAST, write_report=False)
+    assert {"static.import", "robustness"} <= {f.check for f in _errors(report)}
+
+
+def test_static_only_runs_no_code(tmp_path):
+    hang = next(v for v in variants() if v.name == "hang").source
+    report = audit(write_env(tmp_path / "h", hang), static_only=True, settings=FAST, write_report=False)
+    assert report.verdict == "accept" and "dynamic" not in report.stages
+
+
+def test_report_json_is_written_beside_the_env(tmp_path):
+    folder = write_env(tmp_path / "env", good_source().replace("import json\n", "import json\nimport os\n"))
+    report = audit(folder, static_only=True)
+    data = json.loads((folder / "report.json").read_text())
+    assert data["verdict"] == "reject" == report.verdict
+    assert data["findings"][0]["check"] == "static.import"
+
+
+def test_target_from_manifest_missing_is_a_warning_not_a_crash(tmp_path):
+    folder = write_env(tmp_path / "env", good_source(), target="no/such/target")
+    report = audit(folder, static_only=True, write_report=False)
+    [w] = [f for f in report.findings if f.check == "schema.fidelity"]
+    assert w.severity == "warning" and "no/such/target" in w.message
+
+
+def test_no_target_at_all_warns(tmp_path):
+    folder = write_env(tmp_path / "env", good_source(), target=None)
+    report = audit(folder, static_only=True, write_report=False)
+    assert report.verdict == "accept"
+    assert any(f.check == "schema.fidelity" and f.severity == "warning" and "--target" in f.message
+               for f in report.findings)
