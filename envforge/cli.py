@@ -35,6 +35,12 @@ def main() -> None:
     """envforge: find what an agent lacks, write training environments for it, audit them, train."""
 
 
+def console():
+    """A rich console for tables on stdout; wide enough when stdout is a pipe or a file."""
+    from rich.console import Console
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
@@ -114,13 +120,13 @@ class _status:
 
 
 def _print_report(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     colour = "green" if report.accepted else "red"
     title = f"{report.path}: [{colour}]{report.verdict}[/{colour}]" + (f" (target {report.target})" if report.target else "")
-    table = Table(title=title, title_justify="left", show_lines=False, expand=False)
+    out.print(title)
+    table = Table(show_lines=False)
     table.add_column("check", style="bold", no_wrap=True)
     table.add_column("severity", no_wrap=True)
     table.add_column("message", overflow="fold")
@@ -128,14 +134,14 @@ def _print_report(report) -> None:
         table.add_row(f.check, "[red]error[/red]" if f.severity == "error" else "[yellow]warning[/yellow]", f.message)
     if not report.findings:
         table.add_row("-", "-", "no findings")
-    console.print(table)
+    out.print(table)
     stats = report.stats.get("mean_score")
     timing = ", ".join(f"{k} {v:.2f}s" for k, v in report.stages.items())
     if stats:
-        console.print(f"  mean scores: {stats}; solved {report.stats.get('solved')}; distinct scenarios "
-                      f"{report.stats.get('distinct_scenarios')}; {timing}", highlight=False)
+        out.print(f"  mean scores: {stats}; solved {report.stats.get('solved')}; distinct scenarios "
+                  f"{report.stats.get('distinct_scenarios')}; {timing}", highlight=False)
     else:
-        console.print(f"  {timing}", highlight=False)
+        out.print(f"  {timing}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- identify
@@ -209,9 +215,8 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_th
     if as_json:
         emit_json(report)
         return
-    from rich.console import Console
-    console = Console()
-    console.print(ident.table(report))
+    out = console()
+    out.print(ident.table(report))
     kept = [c["name"] for c in report["capabilities"] if c["retained"]]
-    console.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
+    out.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
                   + (f" and {drawn}" if drawn else ""), highlight=False)
