@@ -215,8 +215,8 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_th
     if as_json:
         emit_json(report)
         return
-    out = console()
-    out.print(ident.table(report))
+    con = console()
+    con.print(ident.table(report))
     kept = [c["name"] for c in report["capabilities"] if c["retained"]]
-    out.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
+    con.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
                   + (f" and {drawn}" if drawn else ""), highlight=False)
