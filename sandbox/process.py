@@ -58,6 +58,7 @@ RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
 LAYERS = ("bwrap", "unshare", "none")
 NOBODY = "65534"
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
 MIB = 1 << 20
 PROBE_TIMEOUT_S = 5.0
 ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -222,6 +223,9 @@ def _preexec(limits: Limits):
             resource.setrlimit(res, (value, value))
         if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        # Die with the thread that started us (a killed envforge leaves no sandbox behind);
+        # so a sandbox must be started from a thread that outlives it.
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     return preexec
 
 

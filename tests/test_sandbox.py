@@ -499,3 +499,32 @@ def test_every_allowed_import_works_on_every_layer(make, layer):
     sb = make(imports + env_with(reset=body), backend=backend_for(layer))
     sb.new()
     assert sb.reset(0, 0)[1] == {"digest": "2d711642", "mean": 1.5, "d": "1.5"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_killed_host_leaves_no_sandbox_behind(layer, tmp_path):
+    """The host dies (os._exit) while its env spins in a call: the sandbox must die with it."""
+    backend_for(layer)
+    script = tmp_path / "host.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from envforge.contract import Limits
+        from sandbox.process import ProcessBackend
+        sb = ProcessBackend(isolation={layer!r}).start(Limits(), hash_seed={MARK})
+        sb.load("CAPABILITY = 'x'\\nclass Env:\\n    tools = []\\n    def reset(self, seed):\\n"
+                "        while True:\\n            pass\\n    def step(self, a):\\n        pass\\n"
+                "    def solve(self, s):\\n        return []\\n")
+        sb.new()
+        sb.transport.send(b'{{"id": 99, "op": "reset", "instance": 0, "seed": 1}}\\n')
+        print(sb.transport.proc.pid, flush=True)
+        os._exit(0)
+    """))
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 5
+    while processes_marked() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_marked() == [], f"a sandbox on {layer} outlived its killed host"
