@@ -5,7 +5,7 @@ tests/openai_server.py answering after a fixed latency.
 Expected: one labelling call per trajectory (TRACE would make 680 x candidates), zero calls on a
 cached re-run, and wall time close to calls x latency / concurrency.
 
-    .venv/bin/python benchmarks/bench_identify.py [--latency 0.05] [--concurrency 8 16 32]
+    .venv/bin/python benchmarks/bench_identify.py [--latency 0.5] [--concurrency 16 32]
 
 Prints a Markdown table and writes benchmarks/results/bench_identify.json.
 """
@@ -122,8 +122,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=680)
     ap.add_argument("--successes", type=int, default=165)
-    ap.add_argument("--latency", type=float, default=0.05, help="seconds the server waits per reply")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--latency", type=float, default=0.5,
+                    help="seconds the server waits per reply (real endpoints take seconds; at 0.05 s the "
+                         "client's own CPU, ~3-6 ms a call on 2 cores, dominates)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--runs", type=int, default=10, help="identify runs (discovery rounds)")
     args = ap.parse_args()
     ts = trajectories(args.trajectories, args.successes)
