@@ -71,3 +71,19 @@ def test_no_target_at_all_warns(tmp_path):
     assert report.verdict == "accept"
     assert any(f.check == "schema.fidelity" and f.severity == "warning" and "--target" in f.message
                for f in report.findings)
+
+
+def test_a_slow_env_exhausts_the_budget_and_the_audit_ends(tmp_path):
+    from tests.envfactory import override
+    slow = override("""
+        def step(self, action):
+            n = 0
+            for i in range(300000):
+                n += i
+            return _Base.step(self, action)
+    """)
+    settings = GateSettings(seeds=12, robustness_examples=15, budget_s=1.5, limits=FAST.limits)
+    report = audit(write_env(tmp_path / "slow", slow), settings=settings, write_report=False)
+    [f] = [f for f in _errors(report) if f.check == "bounded"]
+    assert "1.5 s budget" in f.message and "ms a call" in f.message
+    assert report.stages["dynamic"] < 1.5 + 3 * FAST.limits.call_timeout_s

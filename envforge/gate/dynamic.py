@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +43,8 @@ class GateSettings:
     partial_credit_values: int = field(default=3, metadata={"help": "distinct episode scores probes must reach"})
     hash_seeds: tuple[int, int] = (1, 2)
     max_sandbox_failures: int = field(default=3, metadata={"help": "sandbox deaths before the stage gives up"})
+    budget_s: float = field(default=120.0, metadata={"help": "wall-clock seconds for the whole dynamic "
+                                                      "stage; a slow env is a finding, not an endless audit"})
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -56,7 +59,8 @@ TALK = ("Hello! How can I help you today?", "Could you tell me a bit more about 
 
 
 class GiveUp(Exception):
-    """The sandbox failed too often; the rest of the stage is skipped."""
+    """The sandbox failed too often, or the time budget ran out: the rest of the stage is skipped.
+    The message says which."""
 
 
 @dataclass
@@ -75,9 +79,11 @@ class Episode:
 class Host:
     """Drives one env in one sandbox (restarted when it dies) and turns failures into findings."""
 
-    def __init__(self, backend, source: str, settings: GateSettings, hash_seed: int, findings: "Findings"):
+    def __init__(self, backend, source: str, settings: GateSettings, hash_seed: int, findings: "Findings",
+                 deadline: float, timings: list[float]):
         self.backend, self.source, self.settings = backend, source, settings
         self.hash_seed, self.findings = hash_seed, findings
+        self.deadline, self.timings = deadline, timings   # shared by the hosts of one audit
         self.sandbox = None
         self.meta: dict = {}
         self.failures = 0
@@ -103,7 +109,8 @@ class Host:
         if self.sandbox is None or self.sandbox.closed:
             self.failures += 1
             if self.failures > self.settings.max_sandbox_failures:
-                raise GiveUp()
+                raise GiveUp(f"the sandbox failed {self.failures} times; the remaining dynamic checks "
+                             "were skipped")
             self.start()
             self.instances = {}
         if name not in self.instances:
@@ -112,9 +119,18 @@ class Host:
 
     def op(self, where: str, op: str, name: str, *args) -> Any:
         """``sandbox.<op>(instance <name>, *args)``; on failure a finding and None."""
+        if time.monotonic() > self.deadline:
+            calls = len(self.timings)
+            mean = sum(self.timings) / calls * 1000 if calls else 0.0
+            raise GiveUp(f"the dynamic checks ran out of their {self.settings.budget_s:g} s budget after "
+                         f"{calls} calls (mean {mean:.1f} ms a call); the remaining checks were skipped. "
+                         "reset/step/solve must take milliseconds: training runs them thousands of times.")
         try:
             inst = self.inst(name)  # may replace a dead sandbox, so resolve before the method
-            return getattr(self.sandbox, op)(inst, *args)
+            t0 = time.monotonic()
+            value = getattr(self.sandbox, op)(inst, *args)
+            self.timings.append(time.monotonic() - t0)
+            return value
         except EnvCallError as e:
             if e.kind == "json":
                 self.findings.add("json", f"{where}: {e.message}. Observations, infos and actions must "
@@ -337,8 +353,9 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
     findings = Findings()
     stats: dict[str, Any] = {}
     say = progress or (lambda s: None)
-    host = Host(backend, source, settings, settings.hash_seeds[0], findings)
-    other = Host(backend, source, settings, settings.hash_seeds[1], findings)
+    deadline, timings = time.monotonic() + settings.budget_s, []
+    host = Host(backend, source, settings, settings.hash_seeds[0], findings, deadline, timings)
+    other = Host(backend, source, settings, settings.hash_seeds[1], findings, deadline, timings)
     try:
         try:
             meta = host.start()
@@ -357,12 +374,16 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
         tools = [t for t in meta.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
                  and isinstance(t["function"].get("name"), str)]
         _probes(host, other, tools, settings, findings, stats, say)
-    except GiveUp:
-        findings.add("bounded", f"the sandbox failed {settings.max_sandbox_failures + 1} times; the "
-                     "remaining dynamic checks were skipped")
+    except GiveUp as e:
+        findings.add("bounded", str(e))
     finally:
         host.close()
         other.close()
+        if timings:
+            ordered = sorted(timings)
+            stats["calls"] = len(ordered)
+            stats["call_ms"] = {"median": round(ordered[len(ordered) // 2] * 1000, 3),
+                                "p99": round(ordered[int(len(ordered) * 0.99)] * 1000, 3)}
     return findings.result(), stats
 
 
