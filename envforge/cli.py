@@ -61,9 +61,11 @@ def emit_json(data: object) -> None:
               help="Seconds one reset/step/solve call may take.")
 @click.option("--memory-mb", type=click.IntRange(256, 1 << 20), default=1024, show_default=True,
               help="Address-space limit of the sandboxed env process, MiB.")
+@click.option("--budget", type=click.FloatRange(1, 86_400), default=120.0, show_default=True,
+              help="Seconds the dynamic checks of one env may take in all.")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, no_report, as_json):
+def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, budget, no_report, as_json):
     """Audit env folders (or env.py files): static safety, schema fidelity, dynamic properties.
 
     Exit 0 when every env is accepted, 1 when any is rejected, 2 on usage errors.
@@ -79,7 +81,8 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, n
         raise UsageError(f"--target {target}: no such folder or file; give a target folder, a JSON "
                          "file of tool schemas, or 'example'")
     tgt = load_target(target) if target else None
-    settings = GateSettings(seeds=seeds, limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
+    settings = GateSettings(seeds=seeds, budget_s=budget,
+                            limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
     reports = []
     for p in paths:
         with _status(f"auditing {p}", quiet=as_json) as status:
