@@ -53,8 +53,8 @@ def emit_json(data: object) -> None:
 @click.option("--target", "-t", help="Target folder, tool-schema JSON file, or 'example'. "
               "Default: the target named in each env's manifest.json.")
 @click.option("--static-only", is_flag=True, help="Run only the static audit and schema fidelity (no code runs).")
-@click.option("--backend", type=click.Choice(["auto", "process"]), default="auto", show_default=True,
-              help="Sandbox for the dynamic checks.")
+@click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
+              show_default=True, help="Sandbox for the dynamic checks (auto: process, else docker).")
 @click.option("--seeds", type=click.IntRange(2, 10_000), default=50, show_default=True,
               help="Seeds per dynamic property.")
 @click.option("--call-timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
@@ -147,6 +147,53 @@ def _print_report(report) -> None:
         out.print(f"  {timing}", highlight=False)
 
 
+# ----------------------------------------------------------------------------- sandbox
+# (where env code runs: see sandbox/)
+
+@main.group("sandbox")
+def sandbox_group() -> None:
+    """The sandbox env code runs in: build the Docker image, check which backends work here."""
+
+
+@sandbox_group.command("build")
+@click.option("--base", help="Base image with python3 >= 3.11 on its PATH (default: the "
+              "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
+def sandbox_build(base):
+    """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
+    from sandbox.docker import build_image
+
+    with _status("building the sandbox image") as status:
+        tag = build_image(base=base, progress=status)
+    click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
+
+
+@sandbox_group.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+def sandbox_doctor(as_json):
+    """Say which sandbox backends work on this machine, and why not (with the fix).
+
+    Exit 0 when at least one backend works, 1 when none does.
+    """
+    from rich.table import Table
+
+    from sandbox.base import diagnose
+
+    rows = diagnose()
+    usable = [r for r in rows if r["ok"] and r["backend"] != "process/seccomp"]
+    if as_json:
+        emit_json({"backends": rows})
+    else:
+        table = Table()
+        table.add_column("backend", style="bold", no_wrap=True)
+        table.add_column("works", no_wrap=True)
+        table.add_column("how it isolates, or why not and the fix", overflow="fold")
+        for r in rows:
+            table.add_row(r["backend"], "[green]yes[/green]" if r["ok"] else "[red]no[/red]",
+                          r["detail"])
+        console().print(table)
+    sys.exit(0 if usable else 1)
+
+
 # ----------------------------------------------------------------------------- identify
 # (capability identification: see envforge/identify.py)
 
@@ -223,3 +270,127 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_th
     kept = [c["name"] for c in report["capabilities"] if c["retained"]]
     con.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
                   + (f" and {drawn}" if drawn else ""), highlight=False)
+
+
+# ----------------------------------------------------------------------------- synth
+# (synthesis: see envforge/synth)
+
+def _price(value: str | None) -> tuple[float, float] | None:
+    if not value:
+        return None
+    try:
+        parts = [float(x) for x in value.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or any(p < 0 for p in parts):
+        raise UsageError(f"--price-per-1k {value!r}: give USD per 1,000 tokens as IN,OUT (e.g. 0.15,0.6) "
+                         "or one price for both")
+    return (parts[0], parts[-1])
+
+
+@main.command()
+@click.option("--capability", "-c", help="The capability to train, e.g. \"precondition verification\".")
+@click.option("--description", "-d", default="", help="What the capability means (helps the LLM; "
+              "also used to find the nearest template family).")
+@click.option("--from", "from_file", help="A capabilities.json from 'envforge identify': synthesize "
+              "every retained capability, in parallel.")
+@click.option("--all", "include_all", is_flag=True, help="With --from: also the capabilities not retained.")
+@click.option("--trajectories", multiple=True, help="With --from: trajectory files whose failures "
+              "give the LLM example trajectories of each capability (the task ids it lists).")
+@click.option("--target", "-t", required=True, help="Target folder, tool-schema JSON file, or 'example'.")
+@click.option("--llm", "synthesizer", type=click.Choice(["auto", "template", "openai"]), default="auto",
+              show_default=True, help="auto: openai when OPENAI_BASE_URL/OPENAI_API_KEY and --model are "
+              "set, else the offline template synthesizer.")
+@click.option("--model", help="The model the endpoint serves (endpoint and key from OPENAI_BASE_URL / "
+              "OPENAI_API_KEY).")
+@click.option("--attempts", type=click.IntRange(1, 50), default=5, show_default=True,
+              help="LLM: attempts per capability (the first and its repairs).")
+@click.option("--out", "-o", "out_dir", default="generated_envs", show_default=True,
+              help="Folder of env folders (<out>/<slug>/env.py, manifest.json, report.json).")
+@click.option("--force", is_flag=True, help="Overwrite an env the gate accepted before.")
+@click.option("--seeds", type=click.IntRange(2, 10_000), default=50, show_default=True,
+              help="Gate: seeds per dynamic property.")
+@click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
+              show_default=True, help="Gate: sandbox for the dynamic checks (as for audit).")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="With --from: capabilities synthesized at once.")
+@click.option("--temperature", type=float, default=0.2, show_default=True, help="LLM: sampling temperature.")
+@click.option("--max-tokens", type=int, help="LLM: the most tokens per reply.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=300, show_default=True,
+              help="LLM: seconds one request may take (then it is retried).")
+@click.option("--price-per-1k", "price", help="LLM: USD per 1,000 prompt,completion tokens, for the "
+              "cost in manifest.json (e.g. 0.15,0.6).")
+@click.option("--cache-dir", help="LLM: cache folder (default ~/.cache/envforge/llm).")
+@click.option("--no-cache", is_flag=True, help="LLM: neither read nor write the cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+def synth(capability, description, from_file, include_all, trajectories, target, synthesizer, model,
+          attempts, out_dir, force, seeds, backend, concurrency, temperature, max_tokens, timeout_s,
+          price, cache_dir, no_cache, as_json):
+    """Write a training environment per capability and repair it until the gate accepts it.
+
+    One capability (--capability) or every retained one of an identification run (--from). Exit 0
+    when every env is accepted, 1 when any is not, 2 on usage errors.
+    """
+    from envforge import synth as S
+    from envforge.targets import load_target
+
+    if bool(capability) == bool(from_file):
+        raise UsageError("give either --capability TEXT or --from capabilities.json")
+    if target != "example" and not Path(target).exists():
+        raise UsageError(f"--target {target}: no such folder or file; give a target folder (holding "
+                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
+    config = S.SynthConfig(synthesizer=synthesizer, model=model, attempts=attempts, out_dir=out_dir,
+                           force=force, seeds=seeds, backend=backend, concurrency=concurrency,
+                           temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s,
+                           cache_dir=cache_dir, cache=not no_cache, price_per_1k=_price(price))
+    kind = S.resolve_synthesizer(config)
+    tgt = load_target(target)
+    if capability:
+        specs = [S.CapabilitySpec(capability, description)]
+        if kind == "template":
+            S.match_family(capability, description)  # exit 2 with the families before any work
+    else:
+        loaded = None
+        if trajectories:
+            from envforge.trajectories import load_trajectories
+            loaded = load_trajectories(list(trajectories))
+        specs = S.load_capabilities(from_file, retained_only=not include_all, trajectories=loaded)
+        if not specs:
+            raise click.ClickException(f"{from_file} has no retained capability to synthesize "
+                                       "(pass --all to take every capability it lists)")
+    if not as_json and synthesizer == "auto":
+        click.echo(f"synthesizer: {kind}" + (f" ({model})" if kind == "openai" else
+                   " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
+    label = S.target_label(target)
+    if capability:
+        with _status(f"synthesizing {capability!r}", quiet=as_json) as status:
+            results = [S.synthesize(specs[0], tgt, config, progress=lambda s: status(f"{capability}: {s}"),
+                                    label=label)]
+    else:
+        results = S.synthesize_batch(specs, tgt, config, progress=not as_json and sys.stderr.isatty())
+    if as_json:
+        emit_json(results[0].to_dict() if capability else [r.to_dict() for r in results])
+    else:
+        _print_synth(results)
+    sys.exit(0 if all(r.accepted for r in results) else 1)
+
+
+def _print_synth(results) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(title="envforge synth")
+    for col in ("capability", "slug", "verdict", "attempts", "seconds", "notes"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("verdict", "attempts", "seconds"))
+    for r in results:
+        colour = {"accept": "green", "reject": "red"}.get(r.verdict, "yellow")
+        last = r.attempts[-1] if r.attempts else None
+        errors = [f for f in (last.findings if last else []) if f.get("severity") == "error"]
+        note = r.error or ("already accepted; kept (--force to redo)" if r.skipped else
+                           "; ".join(f"{f['check']}: {f['message'][:120]}" for f in errors[:3]))
+        table.add_row(r.capability, r.slug or "-", f"[{colour}]{r.verdict}[/{colour}]",
+                      str(len(r.attempts)), f"{r.seconds:.1f}", note or "")
+    out.print(table)
+    ok = sum(r.accepted for r in results)
+    paths = [r.path for r in results if r.accepted and r.path]
+    out.print(f"{ok} of {len(results)} accepted" + (f": {', '.join(paths)}" if paths else ""), highlight=False)

@@ -10,6 +10,8 @@ server), shared by the LLM stages (the LLM labeller of ``identify``, the synthes
   the endpoint or key): a re-run makes no calls and an interrupted run resumes where it stopped.
   Each entry is written atomically (a temporary file renamed into place), so a killed run never
   leaves a half-written entry.
+- :meth:`LLMClient.complete`: the reply with the token usage the endpoint reported (kept in the
+  cache entry too, so a cached re-run still knows what the answer cost) and whether it was cached.
 - :meth:`LLMClient.chat_json`: a JSON reply checked against a JSON Schema; a reply that is not
   JSON or breaks the schema is answered with the problem and asked again (a bounded number of
   times). :func:`run_concurrently` maps calls over a thread pool with a progress bar.
@@ -53,6 +55,15 @@ def default_cache_dir() -> Path:
 def request_key(request: dict) -> str:
     """The cache key of a request: sha256 of its canonical JSON."""
     return hashlib.sha256(canonical_json(request).encode()).hexdigest()
+
+
+@dataclass
+class Completion:
+    """One reply: its text, the endpoint's ``usage`` (prompt/completion/total tokens; None when
+    the endpoint reports none) and whether it came from the cache."""
+    content: str
+    usage: dict | None = None
+    cached: bool = False
 
 
 @dataclass
@@ -102,16 +113,20 @@ class LLMClient:
     def chat(self, messages: list[dict], **params: Any) -> str:
         """The assistant's reply text to ``messages`` (from the cache when this exact request
         was answered before). ``params`` are passed to the API (temperature, max_tokens, ...)."""
+        return self.complete(messages, **params).content
+
+    def complete(self, messages: list[dict], **params: Any) -> Completion:
+        """Like :meth:`chat`, with the reply's token usage and whether it was cached."""
         request = {"model": self.model, "messages": messages, **params}
         key = request_key(request)
         cached = self._cache_get(key)
         if cached is not None:
             with self._lock:
                 self.stats.cache_hits += 1
-            return cached
-        content = self._call(request)
-        self._cache_put(key, request, content)
-        return content
+            return Completion(cached["response"]["content"], cached.get("usage"), cached=True)
+        content, usage = self._call(request)
+        self._cache_put(key, request, content, usage)
+        return Completion(content, usage)
 
     def chat_json(self, messages: list[dict], schema: dict, *, repairs: int = 2,
                   prepare: Callable[[Any], Any] | None = None, **params: Any) -> tuple[Any, str | None]:
@@ -140,7 +155,7 @@ class LLMClient:
                                             "with only the JSON object."}]
         return obj, problem
 
-    def _call(self, request: dict) -> str:
+    def _call(self, request: dict) -> tuple[str, dict | None]:
         oa = self._openai
         for attempt in range(self.max_retries + 1):
             self._wait_for_slot()
@@ -164,7 +179,7 @@ class LLMClient:
             if not choices:
                 raise LLMError(f"{self.base_url} answered with no choices; is it an OpenAI-compatible "
                                "chat-completions endpoint?")
-            return choices[0].message.content or ""
+            return choices[0].message.content or "", _usage(resp)
         raise AssertionError("unreachable")
 
     def _fatal(self, e: Exception) -> LLMError:
@@ -206,22 +221,27 @@ class LLMClient:
         assert self.cache_dir is not None
         return self.cache_dir / key[:2] / f"{key}.json"
 
-    def _cache_get(self, key: str) -> str | None:
+    def _cache_get(self, key: str) -> dict | None:
+        """The cache entry for ``key`` when it holds a reply, else None."""
         if self.cache_dir is None:
             return None
         try:
             entry = json.loads(self._path(key).read_text(encoding="utf-8"))
-            return entry["response"]["content"]
+            if isinstance(entry["response"]["content"], str):
+                return entry
         except (OSError, ValueError, KeyError, TypeError):
-            return None
+            pass
+        return None
 
-    def _cache_put(self, key: str, request: dict, content: str) -> None:
+    def _cache_put(self, key: str, request: dict, content: str, usage: dict | None = None) -> None:
         if self.cache_dir is None:
             return
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, "request": request, "response": {"content": content},
                  "base_url": self.base_url, "time": time.time()}
+        if usage is not None:
+            entry["usage"] = usage
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -230,6 +250,16 @@ class LLMClient:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _usage(resp: Any) -> dict | None:
+    """The token counts of a chat-completions response, when the endpoint reported them."""
+    usage = getattr(resp, "usage", None)
+    if usage is None:
+        return None
+    out = {k: getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    out = {k: v for k, v in out.items() if isinstance(v, int)}
+    return out or None
 
 
 def parse_json_reply(text: str) -> Any:

@@ -18,17 +18,47 @@ A backend owns the isolation boundary and a byte ``Transport`` to one runner; ``
 the protocol over any transport, enforces the per-call time limit and the message size limit, and
 turns every failure into a typed error (``envforge.errors``): ``EnvCallError`` when the env's code
 raised (the sandbox lives on), ``SandboxTimeout`` / ``SandboxCrashed`` / ``SandboxProtocolError``
-when the sandbox itself is gone (it is killed; start a new one).
+when the sandbox itself is gone (it is killed; start a new one). A call interrupted by anything
+else (Ctrl-C) kills the sandbox too, since its reply would come out of step.
 """
 from __future__ import annotations
 
 import json
+import threading
+import os
+import time
 from abc import ABC, abstractmethod
 from typing import Any
 
 from envforge.contract import Limits
 from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, SandboxProtocolError,
                              SandboxTimeout)
+
+
+SPIN_S = 200e-6
+_busy = [0]                # calls of this process waiting for a sandbox's reply
+_busy_lock = threading.Lock()
+
+
+def spin_allowed() -> bool:
+    """Whether waiting by spinning pays: only while the calls in flight fit in half the cores
+    (each spins on the host and its runner works); beyond, spinning steals the CPU that the
+    sandboxes need, and blocking is faster."""
+    return _busy[0] <= max(1, (os.cpu_count() or 1) // 2)
+
+
+def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list:
+    """``poller.poll`` that first polls without blocking for ``spin_s`` (SPIN_S when spinning
+    pays, see ``spin_allowed``): a reply usually comes within microseconds, and waking a blocked
+    process costs tens of them on a virtual machine (the runner spins the same way)."""
+    if spin_s is None:
+        spin_s = SPIN_S if spin_allowed() else 0.0
+    end = time.perf_counter() + min(spin_s, max(timeout_s, 0.0))
+    while time.perf_counter() < end:
+        ready = poller.poll(0)
+        if ready:
+            return ready
+    return poller.poll(max(timeout_s, 0.0) * 1000) if timeout_s > 0 else []
 
 
 class Transport(ABC):
@@ -77,6 +107,8 @@ class Sandbox:
         except (TypeError, ValueError) as e:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
+        with _busy_lock:
+            _busy[0] += 1
         try:
             self.transport.send(line.encode())
             raw = self.transport.recv_line(timeout, self.limits.max_message_bytes)
@@ -87,6 +119,12 @@ class Sandbox:
             why = self.transport.describe_exit()
             self.kill()
             raise type(e)(f"{op}: {e}" + (f" ({why})" if why else "")) from None
+        except BaseException:  # Ctrl-C mid-call: the reply would come out of step; stop it now
+            self.kill()
+            raise
+        finally:
+            with _busy_lock:
+                _busy[0] -= 1
         try:
             reply = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -138,7 +176,8 @@ class Sandbox:
 
 
 class Backend(ABC):
-    """A way to start sandboxes. Subclasses: ``ProcessBackend`` (here), ``DockerBackend`` (later)."""
+    """A way to start sandboxes: ``ProcessBackend`` (sandbox/process.py), ``DockerBackend``
+    (sandbox/docker.py), and the unisolated ``UnsafeInProcessBackend`` below."""
 
     name: str = ""
 
@@ -155,10 +194,114 @@ class Backend(ABC):
         """
 
 
-def get_backend(name: str = "auto") -> Backend:
-    """The backend called ``name`` ("process", or "auto" for the best available one)."""
+BACKENDS = ("auto", "process", "docker", "unsafe-inprocess")
+
+
+def get_backend(name: "str | Backend" = "auto") -> Backend:
+    """The backend called ``name``: "process", "docker", "unsafe-inprocess" (no isolation: for
+    benchmarks of trusted code), or "auto": the process sandbox where it works, else Docker
+    (else the process backend, whose ``start`` says why nothing works). A Backend passes through.
+    Each backend's module is imported only when asked for; none imports an optional dependency
+    before it starts a sandbox."""
+    if isinstance(name, Backend):
+        return name
     if name in ("auto", "process"):
         from sandbox.process import ProcessBackend
-        return ProcessBackend()
+        process = ProcessBackend()
+        if name == "process" or process.available()[0]:
+            return process
+        from sandbox.docker import DockerBackend
+        docker = DockerBackend()
+        return docker if docker.available()[0] else process
+    if name == "docker":
+        from sandbox.docker import DockerBackend
+        return DockerBackend()
+    if name == "unsafe-inprocess":
+        return UnsafeInProcessBackend()
     from envforge.errors import UsageError
-    raise UsageError(f"unknown sandbox backend {name!r}; choose 'process' or 'auto'")
+    raise UsageError(f"unknown sandbox backend {name!r}; choose {', '.join(BACKENDS)}")
+
+
+def diagnose() -> list[dict]:
+    """Which backends work on this machine: [{"backend", "ok", "detail"}], the process sandbox's
+    isolation layers one by one, then Docker. ``detail`` says how it isolates, or why not and the
+    fix. Runs only the probes (the interpreter once per layer, a ping of the Docker engine)."""
+    from sandbox.docker import DockerBackend
+    from sandbox.process import LAYERS, ProcessBackend, _seccomp_probe
+
+    rows = []
+    for layer in LAYERS:
+        ok, why = ProcessBackend(isolation=layer).available()
+        rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why})
+    sec_ok, sec_why = _seccomp_probe()
+    rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
+    ok, why = DockerBackend().available()
+    rows.append({"backend": "docker", "ok": ok, "detail": why})
+    return rows
+
+
+# --------------------------------------------------------------------------- no isolation
+
+UNSAFE = ("backend 'unsafe-inprocess' runs env code INSIDE THIS PROCESS with no isolation, no "
+          "time limit and no memory limit: for benchmarks and debugging of trusted code only")
+
+
+class UnsafeInProcessBackend(Backend):
+    """NO ISOLATION. The runner's request handling called in this process: the same protocol
+    and JSON checks as the real sandboxes, so that benchmarks can measure what crossing a
+    boundary costs. Env code can do anything this process can; a hang hangs the caller;
+    ``hash_seed`` is ignored. Never a default; every start warns."""
+
+    name = "unsafe-inprocess"
+
+    def available(self) -> tuple[bool, str]:
+        return True, "unsafe-inprocess: NO isolation (env code runs in this process)"
+
+    def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
+        import warnings
+        warnings.warn(UNSAFE, RuntimeWarning, stacklevel=2)
+        return Sandbox(InProcessTransport(), limits, backend=self.name)
+
+
+class InProcessTransport(Transport):
+    """Hands each request line to a ``runner.Runner`` in this process; replies queue up."""
+
+    def __init__(self):
+        import os
+        from sandbox.runner import Runner
+        self.runner = Runner({"seccomp": False, "uid": os.getuid(), "isolation": "none"})
+        self.replies: list[bytes] = []
+        self.killed = False
+
+    def send(self, data: bytes) -> None:
+        from sandbox.runner import Failure
+        if self.killed:
+            raise SandboxCrashed("the in-process runner was killed")
+        rid = None
+        try:
+            req = json.loads(data)
+            rid = req.get("id") if isinstance(req, dict) else None
+            if not isinstance(req, dict):
+                raise Failure("protocol", "a request must be a JSON object")
+            reply = '{"id":%s,"ok":true,"value":%s}' % (json.dumps(rid), self.runner.handle(req))
+        except BaseException as e:
+            if isinstance(e, Failure) and e.error["type"] == "KeyboardInterrupt":
+                raise KeyboardInterrupt from None  # Ctrl-C reached env code: stop, as a host must
+            error = e.error if isinstance(e, Failure) else Failure(
+                "env", str(e)[:2000], type(e).__name__, self.runner.env_traceback(e)).error
+            reply = json.dumps({"id": rid, "ok": False, "error": error})
+        self.replies.append(reply.encode())
+
+    def recv_line(self, timeout: float, max_bytes: int) -> bytes:
+        if not self.replies:
+            raise SandboxProtocolError("no request is waiting for a reply")
+        line = self.replies.pop(0)
+        if len(line) > max_bytes:
+            raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+        return line
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def alive(self) -> bool:
+        return not self.killed

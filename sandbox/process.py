@@ -52,7 +52,7 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import Backend, Sandbox, Transport
+from sandbox.base import Backend, Sandbox, Transport, poll_spinning
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
 LAYERS = ("bwrap", "unshare", "none")
@@ -104,8 +104,7 @@ class PipeTransport(Transport):
             self._scanned = len(self._buf)
             if len(self._buf) > max_bytes:
                 raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._poll_out.poll(left * 1000):
+            if not poll_spinning(self._poll_out, deadline - time.monotonic()):
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
             try:
                 chunk = os.read(self._out, 1 << 16)

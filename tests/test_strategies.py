@@ -2,7 +2,7 @@ import json
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 
 from envforge.gate.strategies import MALFORMED_KINDS, arguments, from_schema, malformed_action
 from envforge.targets import load_target

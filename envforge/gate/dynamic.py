@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limits, assistant,
-                               canonical_json, error, message_problem, tool_call, warning)
+                               canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
 from envforge.gate.schema import call_problem
 

@@ -13,13 +13,14 @@ import json
 from typing import Any
 
 from envforge.contract import Finding, canonical_json, error
+from envforge.gate.static import parse
 from envforge.targets import Target
 
 
 def tools_from_source(source: str) -> list | None:
     """``Env.tools`` when it is a literal (directly or through a module-level name), else None."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError):
         return None
     names: dict[str, ast.expr] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -48,6 +49,18 @@ _DUNDER_STRING = re.compile(
     r"__(?:subclasses|globals|builtins|import|class|mro|bases|base|dict|code|getattribute|closure"
     r"|func|self|loader|spec|reduce|reduce_ex)__")
 _FORMAT_WALK = re.compile(r"\{[^{}]*\.(?:__|" + "|".join(sorted(_FRAME_ATTRS)) + ")")
+
+
+#: CPython 3.11's AST conversion keeps its recursion depth in global state: two threads parsing at
+#: once can fail with "SystemError: AST constructor recursion depth mismatch". All parsing of env
+#: code in envforge goes through ``parse``, which holds this lock.
+PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str, filename: str = "env.py") -> ast.Module:
+    """``ast.parse`` that is safe to call from several threads at once."""
+    with PARSE_LOCK:
+        return ast.parse(source, filename=filename)
 
 
 @dataclass
@@ -95,7 +108,7 @@ def _audit(source: str | bytes, filename: str, result: StaticResult) -> None:
         if size > 10 * C.MAX_SOURCE_BYTES:
             return  # far too large to be worth parsing
     try:
-        tree = ast.parse(text, filename=filename)
+        tree = parse(text, filename=filename)
     except SyntaxError as exc:
         result.findings.append(error("static.syntax", f"line {exc.lineno}, column {exc.offset}: "
                                      f"{exc.msg}", actual=(exc.text or "").strip()[:120] or None))

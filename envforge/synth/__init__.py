@@ -1,0 +1,517 @@
+"""Synthesis (TRACE section 2): write a training environment per capability, have the gate audit
+it, and (LLM path) send the findings back for repair until the gate accepts it.
+
+Two synthesizers:
+
+- ``openai``: any OpenAI-compatible chat endpoint (:class:`envforge.llm.LLMClient`: retries with
+  backoff, a content-hash disk cache, clear errors). The prompt (``llm.py``) carries the
+  capability, failing example trajectories, the target's exact tool schemas and policy, the env
+  contract and the reward-design rules; code is extracted from each reply, audited, and a
+  rejected attempt's findings go back as a repair request, at most ``attempts`` times (default 5,
+  the paper's regeneration budget).
+- ``template`` (the embedded default, offline): ``templates.py`` writes an env for the nearest of
+  six capability families on any target whose tools it can classify.
+
+``auto`` picks ``openai`` when an endpoint (``OPENAI_BASE_URL`` or ``OPENAI_API_KEY``) and a model
+are configured, else ``template``.
+
+Output per capability, in ``out_dir/<slug>/``: ``env.py``, ``report.json`` (the gate's report of
+the last audited attempt) and ``manifest.json`` (capability, target and schema hash, synthesizer,
+model, prompt hash, every attempt with its findings, code sha256, token usage and cost, envforge
+version, time), rewritten atomically after every attempt so that an interrupted batch resumes:
+replies come back from the LLM cache, and capabilities already accepted with the same inputs are
+skipped. An accepted env is never overwritten unless ``force`` is set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from envforge import __version__
+from envforge.contract import Report, canonical_json
+from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.synth.classify import Unsupported
+from envforge.synth.families import FAMILIES, Family, family_list, match_family
+from envforge.targets import EXAMPLES, Target, load_target
+
+__all__ = ["SynthConfig", "CapabilitySpec", "SynthResult", "synthesize", "synthesize_batch",
+           "load_capabilities", "resolve_synthesizer", "FAMILIES", "match_family", "family_list",
+           "slug_for", "SynthError"]
+
+SYNTHESIZERS = ("auto", "template", "openai")
+
+
+class SynthError(EnvforgeError):
+    """A capability could not be synthesized (exit 1); the message says why and what to do."""
+
+
+@dataclass
+class SynthConfig:
+    """Settings of ``envforge synth``. Defaults marked *paper* come from TRACE."""
+    synthesizer: str = field(default="auto", metadata={"help": "auto, template or openai"})
+    model: str | None = field(default=None, metadata={"help": "the model the endpoint serves"})
+    attempts: int = field(default=5, metadata={"help": "paper: regenerate up to 5 times"})
+    out_dir: str | Path = field(default="generated_envs", metadata={"help": "one folder per env"})
+    force: bool = field(default=False, metadata={"help": "overwrite an accepted env"})
+    seeds: int = field(default=50, metadata={"help": "gate seeds per dynamic property"})
+    backend: str = field(default="auto", metadata={"help": "the gate's sandbox backend"})
+    concurrency: int = field(default=4, metadata={"help": "capabilities synthesized at once"})
+    temperature: float = 0.2
+    max_tokens: int | None = None
+    timeout_s: float = field(default=300.0, metadata={"help": "seconds one LLM request may take"})
+    max_retries: int = field(default=5, metadata={"help": "retries of a 429/5xx/timeout"})
+    cache_dir: str | None = field(default=None, metadata={"help": "None: envforge.llm.default_cache_dir()"})
+    cache: bool = True
+    price_per_1k: tuple[float, float] | None = field(default=None, metadata={
+        "help": "USD per 1,000 prompt and completion tokens, for the manifest's cost"})
+
+    def __post_init__(self) -> None:
+        if self.synthesizer not in SYNTHESIZERS:
+            raise UsageError(f"unknown synthesizer {self.synthesizer!r}; choose {', '.join(SYNTHESIZERS)}")
+        if not 1 <= self.attempts <= 50:
+            raise UsageError(f"attempts must be from 1 to 50, got {self.attempts} (the paper uses 5)")
+        if self.concurrency < 1:
+            raise UsageError("concurrency must be at least 1")
+
+
+@dataclass
+class CapabilitySpec:
+    """A capability to synthesize: its name, description and failing example trajectories
+    (rendered text), as ``envforge identify`` reports them."""
+    name: str
+    description: str = ""
+    examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Attempt:
+    n: int
+    verdict: str
+    findings: list[dict]
+    code_sha256: str | None = None
+    usage: dict | None = None
+    cached: bool | None = None
+
+    def to_dict(self) -> dict:
+        d = {"n": self.n, "verdict": self.verdict, "findings": self.findings}
+        for k in ("code_sha256", "usage", "cached"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+
+@dataclass
+class SynthResult:
+    capability: str
+    slug: str | None
+    path: str | None
+    verdict: str                      # accept / reject / error
+    attempts: list[Attempt] = field(default_factory=list)
+    synthesizer: str | None = None
+    error: str | None = None
+    skipped: bool = False             # an accepted env with the same inputs was already there
+    manifest: dict | None = None
+    seconds: float = 0.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accept"
+
+    def to_dict(self) -> dict:
+        d = {"capability": self.capability, "slug": self.slug, "path": self.path,
+             "verdict": self.verdict, "attempts": [a.to_dict() for a in self.attempts]}
+        if self.error:
+            d["error"] = self.error
+        if self.skipped:
+            d["skipped"] = True
+        return d
+
+
+# ============================================================================= inputs
+
+
+def endpoint_configured() -> bool:
+    return bool(os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"))
+
+
+def resolve_synthesizer(config: SynthConfig, client: Any = None) -> str:
+    """``template`` or ``openai`` for ``config.synthesizer`` (auto: openai when an endpoint and a
+    model are configured). Raises UsageError when openai is asked for and cannot be used."""
+    kind = config.synthesizer
+    if kind == "auto":
+        return "openai" if client is not None or (config.model and endpoint_configured()) else "template"
+    if kind == "openai" and client is None and not (config.model and endpoint_configured()):
+        missing = " and ".join(x for x, ok in (("an endpoint (OPENAI_BASE_URL, or OPENAI_API_KEY for "
+                                                 "api.openai.com)", endpoint_configured()),
+                                                ("a model (--model)", bool(config.model))) if not ok)
+        raise UsageError(f"--llm openai needs {missing}: set OPENAI_BASE_URL (and OPENAI_API_KEY) and "
+                         "pass --model, or use --llm template for the offline template synthesizer")
+    return kind
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60] or "capability"
+
+
+def target_short(target: Target) -> str:
+    return slugify(Path(target.name).name)
+
+
+def slug_for(capability: str, target: Target, family: Family | None) -> str:
+    return f"{target_short(target)}_{family.slug if family else slugify(capability)}"
+
+
+def load_capabilities(path: str | Path, retained_only: bool = True,
+                      trajectories: Sequence[Any] | None = None, examples_per: int = 2) -> list[CapabilitySpec]:
+    """The capabilities of a ``capabilities.json`` (``envforge identify``'s output), retained
+    ones only by default. ``trajectories`` (loaded ones) supply the failing examples, rendered,
+    for the task ids each capability lists."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
+    caps = data.get("capabilities") if isinstance(data, dict) else None
+    if not isinstance(caps, list):
+        raise InputError(f"{p}: expected {{\"capabilities\": [{{\"name\", \"description\", \"retained\", "
+                         "...}]} as written by envforge identify")
+    by_task: dict[str, list] = {}
+    for t in trajectories or []:
+        if not getattr(t, "success", True):
+            by_task.setdefault(str(t.task_id), []).append(t)
+    out = []
+    for i, c in enumerate(caps):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
+            raise InputError(f"{p}: capability #{i} has no name")
+        if retained_only and not c.get("retained", False):
+            continue
+        examples = [e for e in c.get("example_trajectories") or [] if isinstance(e, str)]
+        if not examples and by_task:
+            from envforge.identify import render
+            for task in c.get("examples") or []:
+                for t in by_task.get(str(task), [])[:1]:
+                    examples.append(render(t))
+                if len(examples) >= examples_per:
+                    break
+        out.append(CapabilitySpec(c["name"].strip(), str(c.get("description") or ""), examples[:examples_per]))
+    return out
+
+
+# ============================================================================= files
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def existing_env(folder: Path) -> tuple[str, dict | None]:
+    """What ``folder`` holds: ("none"|"accepted"|"rejected"|"unknown", its manifest).
+
+    A folder ``synth`` wrote is accepted only when its manifest says so and env.py is still the
+    code it audited; anything else it wrote (rejected, failed, interrupted) may be overwritten.
+    A folder from elsewhere (a hand-written env) counts as accepted when its report.json says
+    so, and as unknown (kept) when nothing says."""
+    env = folder / "env.py"
+    manifest = _read_json(folder / "manifest.json")
+    manifest = manifest if isinstance(manifest, dict) else None
+    if not env.exists():
+        return "none", manifest
+    ours = manifest is not None and manifest.get("synthesizer") in ("template", "openai") \
+        and "attempts" in manifest
+    if ours:
+        code = env.read_text(encoding="utf-8", errors="replace")
+        if manifest.get("code_sha256") and manifest["code_sha256"] != sha256(code):
+            return "unknown", manifest  # edited by hand since: keep it
+        return ("accepted" if manifest.get("verdict") == "accept" else "rejected"), manifest
+    report = _read_json(folder / "report.json")
+    verdict = report.get("verdict") if isinstance(report, dict) else None
+    return {"accept": "accepted", "reject": "rejected"}.get(verdict, "unknown"), manifest
+
+
+# ============================================================================= one capability
+
+
+class _Run:
+    """The state of one capability's synthesis: its folder, manifest and attempts."""
+
+    def __init__(self, spec: CapabilitySpec, target: Target, target_spec: str, config: SynthConfig,
+                 kind: str, family: Family | None, say: Callable[[str], None]):
+        self.spec, self.target, self.config, self.kind, self.family = spec, target, config, kind, family
+        self.slug = slug_for(spec.name, target, family)
+        self.folder = Path(config.out_dir) / self.slug
+        self.say = say
+        self.attempts: list[Attempt] = []
+        self.started = time.perf_counter()
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.usage_reported = False
+        self.calls = self.cache_hits = 0
+        self.manifest: dict = {
+            "capability": spec.name, "slug": self.slug,
+            "description": spec.description or (f"the agent {family.description}" if family else ""),
+            "family": family.slug if family else None,
+            "target": target_spec, "target_name": target.name,
+            "target_path": str(Path(target.path).resolve()) if target.path else None,
+            "target_schema_hash": target.schema_hash(),
+            "synthesizer": kind, "model": config.model if kind == "openai" else None,
+            "prompt_sha256": None, "attempts": [], "verdict": None, "code_sha256": None,
+            "envforge_version": __version__, "gate": {"seeds": config.seeds},
+            "created": None, "seconds": None,
+        }
+
+    def result(self, verdict: str, error_text: str | None = None, skipped: bool = False) -> SynthResult:
+        return SynthResult(self.spec.name, self.slug, str(self.folder), verdict, list(self.attempts),
+                           self.kind, error_text, skipped, self.manifest, time.perf_counter() - self.started)
+
+    def add_usage(self, usage: dict | None, cached: bool) -> None:
+        if cached:
+            self.cache_hits += 1
+        else:
+            self.calls += 1
+        if usage:
+            self.usage_reported = True
+            for k in self.usage:
+                self.usage[k] += int(usage.get(k) or 0)
+
+    def save(self, verdict: str | None) -> None:
+        m = self.manifest
+        m["attempts"] = [a.to_dict() for a in self.attempts]
+        m["verdict"] = verdict
+        m["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        m["seconds"] = round(time.perf_counter() - self.started, 2)
+        if self.kind == "openai":
+            m["usage"] = {**(self.usage if self.usage_reported else {k: None for k in self.usage}),
+                          "calls": self.calls, "cache_hits": self.cache_hits}
+            price = self.config.price_per_1k
+            m["price_per_1k"] = list(price) if price else None
+            m["cost_usd"] = (round(self.usage["prompt_tokens"] / 1000 * price[0]
+                                   + self.usage["completion_tokens"] / 1000 * price[1], 6)
+                             if price and self.usage_reported else None)
+        _write_json(self.folder / "manifest.json", m)
+
+    def audit(self, code: str) -> Report:
+        from envforge.gate import audit
+        from envforge.gate.dynamic import GateSettings
+        _atomic_write(self.folder / "env.py", code)
+        self.manifest["code_sha256"] = sha256(code)
+        self.save(None)  # an interruption from here on leaves a folder marked unfinished
+        self.say("gate: waiting for the gate")
+        return audit(self.folder, target=self.target, backend=self.config.backend,
+                     settings=GateSettings(seeds=self.config.seeds), write_report=True,
+                     progress=lambda s: self.say(f"gate: {s}"))
+
+
+def target_label(target: str | Path | Target) -> str:
+    """How the manifest names a target: as the user gave it ('example' for the example)."""
+    if not isinstance(target, Target):
+        return str(target)
+    if target.path and Path(target.path).resolve().parent == EXAMPLES.resolve():
+        return "example"
+    return target.path or target.name
+
+
+def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: SynthConfig | None = None,
+               *, client: Any = None, progress: Callable[[str], None] | None = None,
+               label: str | None = None) -> SynthResult:
+    """Synthesize one capability on ``target``; write ``env.py``, ``manifest.json`` and
+    ``report.json`` into ``config.out_dir/<slug>``. Returns the result (verdict ``accept``,
+    ``reject``, or ``error`` with a message), never raises for a capability-level failure
+    except UsageError (the command was asked something impossible)."""
+    config = config or SynthConfig()
+    spec = CapabilitySpec(spec) if isinstance(spec, str) else spec
+    target_spec = label or target_label(target)
+    tgt = target if isinstance(target, Target) else load_target(target)
+    kind = resolve_synthesizer(config, client)
+    family = match_family(spec.name, spec.description) if kind == "template" else None
+    say = progress or (lambda s: None)
+    run = _Run(spec, tgt, target_spec, config, kind, family, say)
+    if kind == "openai" and client is not None:
+        run.manifest["model"] = client.model
+
+    state, old = existing_env(run.folder)
+    if state in ("accepted", "unknown") and not config.force:
+        same = old is not None and all(old.get(k) == run.manifest[k] for k in
+                                       ("capability", "target_schema_hash", "synthesizer", "model"))
+        if state == "accepted" and same:
+            run.attempts = [Attempt(a["n"], a["verdict"], a.get("findings", []), a.get("code_sha256"))
+                            for a in old.get("attempts", []) if isinstance(a, dict)]
+            run.manifest = old
+            return run.result("accept", skipped=True)
+        what = ("an accepted env" if state == "accepted" else
+                "an env.py whose verdict is unknown (no report, or edited since)")
+        return run.result("error", f"{run.folder} already holds {what}"
+                          + (f" for {old.get('capability')!r}" if old and old.get("capability") else "")
+                          + "; pass --force to overwrite it, or --out to write elsewhere")
+    try:
+        if kind == "template":
+            return _template(run)
+        return _llm(run, client)
+    except EnvforgeError as e:
+        if isinstance(e, UsageError):
+            raise
+        if run.folder.exists():
+            run.save("error")
+        return run.result("error", str(e))
+
+
+def _template(run: _Run) -> SynthResult:
+    from envforge.synth.templates import synthesize_template
+    try:
+        code, summary = synthesize_template(run.spec.name, run.family, run.target)
+    except Unsupported as e:
+        return run.result("error", str(e))
+    run.manifest["template"] = summary
+    run.say("gate")
+    report = run.audit(code)
+    run.attempts.append(Attempt(1, report.verdict, [f.to_dict() for f in report.findings], sha256(code)))
+    run.save(report.verdict)
+    return run.result(report.verdict)
+
+
+def _llm(run: _Run, client: Any) -> SynthResult:
+    from envforge.synth.llm import extract_code, prompt_messages, repair_message
+    if client is None:
+        from envforge.llm import LLMClient
+        client = LLMClient(run.config.model or "", cache_dir=run.config.cache_dir, cache=run.config.cache,
+                           timeout_s=run.config.timeout_s, max_retries=run.config.max_retries)
+    run.manifest["model"] = client.model
+    first = prompt_messages(run.spec.name, run.spec.description, run.target, run.spec.examples)
+    run.manifest["prompt_sha256"] = hashlib.sha256(canonical_json(first).encode()).hexdigest()
+    params: dict[str, Any] = {"temperature": run.config.temperature}
+    if run.config.max_tokens:
+        params["max_tokens"] = run.config.max_tokens
+    messages = first
+    for n in range(1, run.config.attempts + 1):
+        run.say(f"attempt {n}/{run.config.attempts}: asking {client.model}")
+        reply = client.complete(messages, **params)
+        run.add_usage(reply.usage, reply.cached)
+        code, problem = extract_code(reply.content)
+        if problem is not None:
+            findings, stats = [problem.to_dict()], None
+            attempt = Attempt(n, "reject", findings, None, reply.usage, reply.cached)
+            if not (run.folder / "report.json").exists():
+                _write_json(run.folder / "report.json", Report(str(run.folder), [problem], run.target.name).to_dict())
+        else:
+            run.say(f"attempt {n}/{run.config.attempts}: gate")
+            report = run.audit(code)
+            findings, stats = [f.to_dict() for f in report.findings], report.stats
+            attempt = Attempt(n, report.verdict, findings, sha256(code), reply.usage, reply.cached)
+        run.attempts.append(attempt)
+        done = attempt.verdict == "accept"
+        run.save("accept" if done else (None if n < run.config.attempts else "reject"))
+        if done:
+            return run.result("accept")
+        messages = first + [{"role": "assistant", "content": reply.content},
+                            {"role": "user", "content": repair_message(findings, code, stats)}]
+    return run.result("reject")
+
+
+# ============================================================================= a batch
+
+
+def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Target,
+                     config: SynthConfig | None = None, *, client: Any = None,
+                     progress: bool = False) -> list[SynthResult]:
+    """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once,
+    with a rich progress display on stderr when ``progress``. Results in the order of ``specs``;
+    a capability that fails is an ``error`` result, not an exception (UsageError aside). Two
+    capabilities that would write the same folder (the same template family) run once: the
+    later one is an ``error`` result naming the first."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    config = config or SynthConfig()
+    tgt = target if isinstance(target, Target) else load_target(target)
+    kind = resolve_synthesizer(config, client)
+    if kind == "openai" and client is None:
+        from envforge.llm import LLMClient
+        client = LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
+                           timeout_s=config.timeout_s, max_retries=config.max_retries)
+    label = target_label(target)
+    results: list[SynthResult | None] = [None] * len(specs)
+    first: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        try:
+            fam = match_family(spec.name, spec.description) if kind == "template" else None
+        except UsageError:
+            continue  # reported by its own run
+        slug = slug_for(spec.name, tgt, fam)
+        if slug in first:
+            results[i] = SynthResult(spec.name, slug, str(Path(config.out_dir) / slug), "error",
+                                     synthesizer=kind, error=f"{spec.name!r} maps to the same env "
+                                     f"({slug}) as {specs[first[slug]].name!r}, which is synthesized instead")
+        else:
+            first[slug] = i
+    todo = [i for i in range(len(specs)) if results[i] is None]
+    bar = None
+    lock = threading.Lock()
+    if progress and todo:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        overall = bar.add_task("synthesizing", total=len(todo))
+        bar.start()
+
+    def one(i: int) -> SynthResult:
+        spec = specs[i]
+        task = bar.add_task(f"  {spec.name}", total=None) if bar else None
+
+        def say(s: str) -> None:
+            if bar is not None:
+                with lock:
+                    bar.update(task, description=f"  {spec.name}: {s}")
+        try:
+            return synthesize(spec, tgt, config, client=client, progress=say, label=label)
+        except UsageError as e:  # a capability the template families do not cover
+            return SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
+        finally:
+            if bar is not None:
+                with lock:
+                    bar.remove_task(task)
+                    bar.advance(overall)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(config.concurrency, len(todo) or 1)))
+    try:
+        futures = {pool.submit(one, i): i for i in todo}
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.stop()
+    return [r for r in results if r is not None]
+
+

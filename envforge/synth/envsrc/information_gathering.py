@@ -1,0 +1,96 @@
+"""Multi-step information gathering: the user does not know the record's id; identify them, list
+their records, find the one they describe, ask for what they have not said, then act."""
+
+
+class Env(BaseEnv):
+    tools = TOOLS
+    max_turns = 14
+
+    def _world(self, rng):
+        w = _base_world(rng, rng.randint(5, 7))
+        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+        mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
+        key = rng.choice(mine)
+        rec = w["entities"][key]
+        field = PLAN["descriptor_field"]
+        args = _expected(rng, w, rec)
+        details = _details(args, skip=[OWNER["param"]] if OWNER else [])
+        ask = skill == "ask_user"
+        withheld = []
+        who = ""
+        if OWNER:
+            caller = w["owners"][w["caller"]]
+            if ask:
+                withheld.append("Sure: I'm {}, {}.".format(caller["name"], _identity(w, w["caller"])))
+            else:
+                who = ", I'm {} ({})".format(caller["name"], _identity(w, w["caller"]))
+        if ask and details:
+            withheld.append("Here are the details: " + details.removeprefix("Details: "))
+        which = "my {} whose {} is {}".format(NOUN, field.replace("_", " "), json.dumps(rec[field]))
+        request = "please {} for {}. I don't have its id.".format(PLAN["action"], which)
+        w["scenario"] = {
+            "skill": skill, "key": key, "args": args, "withheld": withheld,
+            "request": request + ("" if ask else " " + details),
+            "opening": "Hi{}. {}".format(who, (request[0].upper() + request[1:] + ("" if ask else " " + details)).strip()),
+        }
+        return w
+
+    def _start(self):
+        self._s["revealed"] = 0
+
+    def _on_text(self, text):
+        t = _norm(text)
+        if REFUSE.search(t):
+            return "Oh. OK then, bye.", "refused"
+        withheld = self._sc["withheld"]
+        if self._s["revealed"] < len(withheld) and QUESTION.search(t):
+            self._s["revealed"] += 1
+            return withheld[self._s["revealed"] - 1], None
+        return None, None
+
+    def _on_write(self, args, rec):
+        sc = self._sc
+        self._s.update(right=rec[KEY] == sc["key"], found=sc["key"] in self._shown,
+                       identified=self._identified, frac=_frac(sc["args"], args))
+        return "Done: {} for {} {}.".format(PLAN["action"], NOUN, rec[KEY]), "write"
+
+    def _score(self, outcome):
+        s = self._s
+        if outcome != "write" or not s["right"]:
+            return 0.0
+        if OWNER:
+            return 0.2 * s["identified"] + 0.2 * s["found"] + 0.6 * s["frac"]
+        return 0.4 * s["found"] + 0.6 * s["frac"]
+
+    def solve(self, seed):
+        w = self._world(_rng(seed))
+        sc = w["scenario"]
+        out = []
+        ask = sc["skill"] == "ask_user"
+        mode = PLAN["reader"]["mode"]
+        if OWNER:
+            if ask:
+                out.append(_text("I can help with that. First, could you tell me your {}?".format(
+                    " and ".join(PLAN["identity_words"][p] for p in OWNER["identity"])
+                    if OWNER["identity"] else PLAN["titles"].get(OWNER["param"], OWNER["param"]))))
+            out += _identify_calls(w, len(out))
+            listed = mode in ("owner", "listing") or not OWNER["lookup"] or OWNER["lookup_returns"] == "record"
+            if not listed:
+                out.append(_call(OWNER["reader"], {OWNER["reader_param"]: w["caller"]}, len(out))
+                           if OWNER["reader"] else _call(OWNER["listing"], {}, len(out)))
+            if mode == "owner" and OWNER["lookup"]:
+                out.append(_read_args(w, sc["key"], len(out)))
+            elif mode not in ("owner", "listing"):
+                for k in w["owners"][w["caller"]][OWNER["list_field"]]:
+                    out.append(_read_args(w, k, len(out)))
+                    if k == sc["key"]:
+                        break
+        elif mode == "search":
+            field = PLAN["descriptor_field"]
+            out.append(_call(PLAN["reader"]["tool"], {field: w["entities"][sc["key"]][field]}, len(out)))
+        else:
+            out.append(_call(PLAN["reader"]["tool"], {}, len(out)))
+        if ask and len(sc["withheld"]) > (1 if OWNER else 0):
+            out.append(_text("Thanks, I found it. What exactly should I change: could you give me the details?"))
+        out.append(_call(PLAN["write"], sc["args"], len(out)))
+        return out

@@ -1,0 +1,87 @@
+"""Precondition verification: read the record a write changes, check its status (and that it is
+the user's), then act or decline naming the check that failed."""
+
+OWNER_CLAIM = re.compile(
+    r"n[o']t belong|belongs? to (another|someone|a different)|not yours|not your|someone else|"
+    r"another (user|customer|account|person|employee|member|owner)|"
+    r"different (user|customer|account|person|employee|member|owner)|not (the|its) owner|"
+    r"not owned by you|not (registered|listed) (to|under) you|not associated with (you|your)|"
+    r"not on your account|isn't on your account|isn't yours")
+
+
+class Env(BaseEnv):
+    tools = TOOLS
+    max_turns = 12
+
+    def _world(self, rng):
+        w = _base_world(rng, rng.randint(5, 7))
+        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+        ok, blocked = PLAN["ok_statuses"], PLAN["blocked_statuses"]
+        for rec in w["entities"].values():
+            rec["status"] = rng.choice(ok + blocked)
+        blocker = rng.choices([None, "owner" if skill == "ownership_check" else "status"],
+                              weights=[0.45, 0.55])[0]
+        caller = w["caller"]
+        mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == caller]
+        others = [k for k in w["entities"] if k not in mine]
+        key = rng.choice(others if blocker == "owner" else mine)
+        rec = w["entities"][key]
+        rec["status"] = rng.choice(blocked if blocker == "status" else ok)
+        args = _expected(rng, w, rec)
+        if OWNER and OWNER["param"] in args:
+            args[OWNER["param"]] = caller  # what the user believes
+        request = _please(key, _details(args))
+        who = _hello(w, always=True)
+        w["scenario"] = {
+            "skill": skill, "blocker": blocker, "key": key, "args": args, "request": request,
+            "opening": "Hi{}. {}".format(who, request[0].upper() + request[1:]),
+        }
+        return w
+
+    def _checked(self):
+        sc = self._sc
+        return sc["key"] in self._shown or (
+            sc["blocker"] == "owner" and self._identified and PLAN["reader"]["mode"] == "owner")
+
+    def _on_text(self, text):
+        if not REFUSE.search(_norm(text)):
+            return None, None
+        sc, t = self._sc, _norm(text)
+        if sc["blocker"] == "status":
+            reason = _norm(self._w["entities"][sc["key"]]["status"]) in t
+        else:
+            reason = sc["blocker"] == "owner" and OWNER_CLAIM.search(t) is not None
+        self._s.update(checked=self._checked(), reason=reason)
+        return "I see. Thanks for checking. Bye.", "refused"
+
+    def _on_write(self, args, rec):
+        sc = self._sc
+        self._s.update(checked=self._checked(), right=rec[KEY] == sc["key"], frac=_frac(sc["args"], args))
+        rec["status"] = "changed"
+        return "Done: {} for {} {}.".format(PLAN["action"], NOUN, rec[KEY]), "write"
+
+    def _score(self, outcome):
+        sc, s = self._sc, self._s
+        if outcome == "write" and sc["blocker"] is None and s["right"]:
+            return 0.4 * s["checked"] + 0.6 * s["frac"]
+        if outcome == "refused" and sc["blocker"] is not None:
+            return 0.4 * s["checked"] + (0.6 if s["reason"] else 0.2)
+        return 0.0
+
+    def solve(self, seed):
+        w = self._world(_rng(seed))
+        sc = w["scenario"]
+        out = _identify_calls(w, 0) if OWNER and OWNER["lookup"] else []
+        out.append(_read_args(w, sc["key"], len(out)))
+        rec = w["entities"][sc["key"]]
+        if sc["blocker"] == "status":
+            out.append(_text("I'm sorry, but I can't do that: {} {} has the status '{}', and {} is only "
+                             "possible when the status is {}.".format(
+                                 NOUN, sc["key"], rec["status"], PLAN["action"],
+                                 " or ".join("'" + s + "'" for s in PLAN["ok_statuses"]))))
+        elif sc["blocker"] == "owner":
+            out.append(_text("I'm sorry, but I can't do that: {} {} does not belong to you, so I "
+                             "cannot change it.".format(NOUN, sc["key"])))
+        else:
+            out.append(_call(PLAN["write"], sc["args"], len(out)))
+        return out

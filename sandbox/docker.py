@@ -1,0 +1,598 @@
+"""The Docker sandbox: ``runner.py`` in a long-lived container, driven through the ``docker`` SDK.
+
+One container per sandbox (per worker), from the image that ``sandbox/Dockerfile`` defines
+(``envforge sandbox build``; its tag is a hash of the Dockerfile and runner.py, so a changed
+runner is never run from a stale image). Every container gets:
+
+- no network (``network_mode=none``: a loopback interface only);
+- a read-only root filesystem and one small tmpfs at /tmp (16 MiB, noexec, nosuid, nodev);
+- memory: RLIMIT_DATA of ``Limits.memory_mb``, so that an allocation past it raises MemoryError
+  inside the env (an ``EnvCallError``), under a cgroup cap of that plus the tmpfs plus 32 MiB with
+  no swap (the OOM killer is the backstop); pids: at most 64 in the cgroup, and RLIMIT_NPROC 0
+  (set by the runner as uid 10001: no process or thread at all); CPU: a quota of ``cpus`` cores
+  and RLIMIT_CPU of ``Limits.cpu_s`` seconds; open files and a 1 MiB file size cap;
+- a non-root user (uid 10001), every capability dropped, no-new-privileges, Docker's default
+  seccomp profile (and the ``runtime`` you name, such as gVisor's ``runsc``);
+- no log driver (output cannot fill the host's disk); the labels ``envforge.sandbox=1``,
+  ``envforge.owner=<host>:<pid>`` and any given, so leftovers can be found and removed.
+
+The protocol (``sandbox/base.py``) runs over one persistent stream per container, never a
+``docker exec`` per call. On a local engine (channel "socket") the container's command connects
+to a unix socket in a folder of its own, bind-mounted read-only at /run/envforge, makes it the
+runner's stdin and stdout and becomes the runner; the host accepts that one connection and
+deletes the socket and its folder (the container keeps an empty read-only mount). No daemon sits
+on the path: a round trip costs what the process sandbox's pipe costs.
+Otherwise (channel "attach", for remote engines) requests go to the container's stdin and
+replies come back through dockerd in its 8-byte-header frames, several times slower. Either
+way the attach stream carries stderr, whose last 2 KiB are kept for error messages. When the
+host closes its end, or dies, the runner reads EOF and the container exits.
+
+Cleanup: ``kill()`` force-removes the container; sandboxes still open when the interpreter exits
+(after Ctrl-C, say) are removed by an ``atexit`` hook; containers of a host that was killed
+outright (SIGKILL) exit on EOF, or within RLIMIT_CPU if the env spins, and the next
+``start()`` on the same machine removes them (``reap()``).
+
+Protects against: network access of any kind; writing anywhere but the tmpfs; reading host
+files (none are mounted) or other processes' environments, and signalling them (own pid
+namespace); fork bombs; memory and CPU beyond the limits; hangs (the per-call timeout removes
+the container); print() corrupting the protocol; huge replies (a protocol error, the container
+removed).
+
+Does not protect against: kernel exploits (containers share the host kernel; a ``runtime`` like
+gVisor narrows that); side channels; denial of service within the limits (many sandboxes at
+once load the machine); reading what the image itself holds (it holds nothing secret); and lies:
+a reply is data from untrusted code. Whoever can reach the Docker socket is root on the host:
+envforge needs that access, env code never gets it.
+"""
+from __future__ import annotations
+
+import atexit
+import errno
+import functools
+import hashlib
+import io
+import os
+import select
+import shutil
+import socket
+import stat
+import struct
+import tarfile
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Callable
+
+from envforge.contract import Limits
+from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
+                             SandboxUnavailable, UsageError)
+from sandbox.base import Backend, Sandbox, Transport, poll_spinning
+
+HERE = Path(__file__).resolve().parent
+CONTEXT = ("Dockerfile", "runner.py")
+REPOSITORY = "envforge-sandbox"
+DEFAULT_SOCKET = "/var/run/docker.sock"
+TMPFS_MB = 16
+HEADROOM_MB = 32
+PIDS = 64
+MIB = 1 << 20
+STDERR_TAIL = 2048
+INSTALL_SDK = "pip install 'docker>=7.1'"
+LABEL = "envforge.sandbox"
+OWNER = "envforge.owner"
+
+
+@functools.cache
+def image_tag() -> str:
+    """``envforge-sandbox:<hash of the Dockerfile and runner.py>``: the image this code runs."""
+    digest = hashlib.sha256()
+    for name in CONTEXT:
+        digest.update((HERE / name).read_bytes())
+    return f"{REPOSITORY}:{digest.hexdigest()[:12]}"
+
+
+def owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _sdk():
+    try:
+        import docker
+    except ImportError:
+        raise SandboxUnavailable(f"the docker SDK is not installed: {INSTALL_SDK}") from None
+    return docker
+
+
+def _engine_problem(e: BaseException) -> str:
+    """Why the engine did not answer, and the fix."""
+    where = os.environ.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}"
+    text, cause = str(e), e
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, PermissionError) or "Permission denied" in text:
+        return (f"permission denied on the Docker socket ({where}): add your user to the docker "
+                "group (usermod -aG docker $USER, then log in again), run as root, or set "
+                "DOCKER_HOST to an engine you may use")
+    return (f"the Docker engine at {where} does not answer ({text[:160]}): start it "
+            "(systemctl start docker, or dockerd &) or point DOCKER_HOST at a running engine")
+
+
+def client(timeout: float = 30.0):
+    """A docker client for $DOCKER_HOST (or the default socket) that answered a ping.
+
+    Raises SandboxUnavailable naming the fix: no SDK, no engine, no permission, no answer.
+    """
+    docker = _sdk()
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists(DEFAULT_SOCKET):
+        raise SandboxUnavailable(
+            f"no Docker engine here (DOCKER_HOST is unset and {DEFAULT_SOCKET} does not exist): "
+            "install one (apt-get install docker.io) and start it (systemctl start docker), or "
+            "set DOCKER_HOST to a running engine")
+    try:
+        c = docker.from_env(timeout=timeout)
+        c.ping()
+    except Exception as e:  # DockerException, requests' ConnectionError, PermissionError
+        raise SandboxUnavailable(_engine_problem(e)) from None
+    return c
+
+
+def build_image(base: str | None = None, tag: str | None = None,
+                progress: Callable[[str], None] | None = None) -> str:
+    """Build the sandbox image from sandbox/Dockerfile; returns its tag (by default
+    ``image_tag()``, then also tagged ``latest``).
+
+    ``base`` overrides the Dockerfile's ``ARG BASE`` (default python:3.12-slim, which needs a
+    registry). The build context is only the Dockerfile and runner.py; RUN steps get no network.
+    """
+    docker = _sdk()
+    c = client(timeout=600)
+    default, tag = tag is None, tag or image_tag()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name in CONTEXT:
+            tar.add(HERE / name, arcname=name)
+    context.seek(0)
+    say = progress or (lambda s: None)
+    try:
+        image, logs = c.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                                     forcerm=True, network_mode="none",
+                                     buildargs={"BASE": base} if base else None)
+    except docker.errors.BuildError as e:
+        log = "".join(str(x.get("stream") or x.get("error") or "") for x in e.build_log)
+        raise SandboxUnavailable(f"building {tag} failed: {e.msg}. {_base_hint(base)}\n"
+                                 f"{log[-1500:]}") from None
+    except docker.errors.APIError as e:
+        raise SandboxUnavailable(f"building {tag} failed: {e.explanation or e}. "
+                                 f"{_base_hint(base)}") from None
+    for entry in logs:
+        if entry.get("stream", "").strip():
+            say(entry["stream"].rstrip())
+    if default:
+        image.tag(REPOSITORY, "latest")
+    return tag
+
+
+def _base_hint(base: str | None) -> str:
+    if base:
+        return f"Is {base} an image on this engine, with python3 >= 3.11 on its PATH?"
+    return ("The default base python:3.12-slim comes from a registry; without one, build a base "
+            "image offline and pass --base (see sandbox/Dockerfile).")
+
+
+# --------------------------------------------------------------------------- the transport
+
+#: The container's command on the "socket" channel: connect to the host, make the connection
+#: fds 0 and 1, become the runner. No env code has run yet, so the first connection is this one.
+CONNECT = ("import os, socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX)\n"
+           "s.connect('/run/envforge/runner.sock')\n"
+           "os.dup2(s.fileno(), 0)\n"
+           "os.dup2(s.fileno(), 1)\n"
+           "s.close()\n"
+           "os.execv(sys.executable, [sys.executable, '-s', '-B', '/opt/envforge/runner.py'])\n")
+
+_LIVE: "weakref.WeakSet[ContainerTransport]" = weakref.WeakSet()
+
+
+@atexit.register
+def _remove_live() -> None:
+    for transport in list(_LIVE):
+        transport.kill()
+
+
+class ContainerTransport(Transport):
+    """The protocol stream of one container, and its stderr.
+
+    Channel "socket": a unix socket the runner connected to through a read-only bind mount; the
+    attach stream carries only stdout/stderr. Channel "attach": the attach stream carries it all
+    (requests on stdin; replies and stderr multiplexed in Docker's 8-byte-header frames).
+    """
+
+    def __init__(self, api, container_id: str, send_timeout_s: float):
+        self.api, self.id, self.send_timeout_s = api, container_id, send_timeout_s
+        self._attach_io = self._attach = self._data = None
+        self._frames, self._out, self._err = bytearray(), bytearray(), bytearray()
+        self._scanned = 0
+        self._eof = self._killed = self._attach_eof = False
+        self.sock_dir: str | None = None
+        _LIVE.add(self)
+
+    def attach(self, stdin: bool) -> None:
+        """Open the attach stream (before the container starts: no output is missed)."""
+        self._attach_io = self.api.attach_socket(self.id, params={
+            "stdin": int(stdin), "stdout": 1, "stderr": 1, "stream": 1})
+        self._attach = getattr(self._attach_io, "_sock", self._attach_io)
+        self._attach.setblocking(False)
+        if stdin:
+            self._data = self._attach
+        self._watch()
+
+    def connected(self, data: socket.socket) -> None:
+        data.setblocking(False)
+        self._data = data
+        self._watch()
+
+    def _watch(self) -> None:
+        """The poller recv_line waits on: the protocol stream, and stderr while it is open."""
+        self._socks = {s.fileno(): s for s in (self._data, self._attach)
+                       if s is not None and not (s is self._attach and self._attach_eof)}
+        self._poller = select.poll()
+        for fd in self._socks:
+            self._poller.register(fd, select.POLLIN)
+
+    def send(self, data: bytes) -> None:
+        view, deadline = memoryview(data), time.monotonic() + self.send_timeout_s
+        while view:
+            try:
+                view = view[self._data.send(view):]
+            except BlockingIOError:
+                if not _ready([self._data], select.POLLOUT, deadline - time.monotonic()):
+                    raise SandboxTimeout("the runner stopped reading its requests") from None
+            except OSError as e:
+                raise SandboxCrashed(f"the runner's stream is gone ({e.__class__.__name__})") from None
+
+    def recv_line(self, timeout: float, max_bytes: int) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            nl = self._out.find(b"\n", self._scanned)
+            if nl >= 0:
+                line = bytes(self._out[:nl])
+                del self._out[:nl + 1]
+                self._scanned = 0
+                if len(line) > max_bytes:
+                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+                return line
+            self._scanned = len(self._out)
+            if len(self._out) > max_bytes:
+                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+            ready = poll_spinning(self._poller, deadline - time.monotonic())
+            if not ready:
+                raise SandboxTimeout(f"no reply within {timeout:g} s")
+            for fd, _ in ready:
+                sock = self._socks[fd]
+                try:
+                    chunk = sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError as e:
+                    raise SandboxCrashed(f"reading the runner's stream failed: {e}") from None
+                if sock is self._attach:
+                    if not chunk and sock is self._data:
+                        self._eof = True
+                        raise SandboxCrashed("the runner exited")
+                    if not chunk:  # the runner exits; its socket will tell
+                        self._attach_eof = True
+                        self._watch()
+                    self._demux(chunk)
+                elif not chunk:
+                    self._eof = True
+                    raise SandboxCrashed("the runner exited")
+                else:
+                    self._out += chunk
+
+    def _demux(self, chunk: bytes) -> None:
+        """Split Docker's frames (1 byte stream, 3 zero, 4 bytes big-endian size, payload)."""
+        self._frames += chunk
+        while len(self._frames) >= 8:
+            stream, size = struct.unpack_from(">BxxxL", self._frames)
+            if len(self._frames) < 8 + size:
+                break
+            payload = self._frames[8:8 + size]
+            del self._frames[:8 + size]
+            if stream == 1 and self._data is self._attach:
+                self._out += payload
+            else:
+                self._err = (self._err + payload)[-STDERR_TAIL:]
+
+    def _state(self) -> dict | None:
+        try:
+            return self.api.inspect_container(self.id)["State"]
+        except Exception:
+            return None
+
+    def alive(self) -> bool:
+        if self._killed or self._eof:
+            return False
+        state = self._state()
+        return bool(state and state.get("Running"))
+
+    def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        _LIVE.discard(self)
+        for sock in {self._data, self._attach} - {None}:
+            for close in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+                try:
+                    close()
+                except OSError:
+                    pass
+        try:
+            self._attach_io and self._attach_io.close()
+        except Exception:
+            pass
+        try:
+            self.api.remove_container(self.id, force=True)
+        except Exception:  # gone already, or its removal is under way; reap() is the backstop
+            pass
+        if self.sock_dir:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+    def __del__(self) -> None:
+        try:
+            self.kill()
+        except Exception:
+            pass
+
+    def _drain_stderr(self, seconds: float) -> None:
+        """Read what is left of the attach stream (on the socket channel the runner's stderr
+        may arrive after its socket closed)."""
+        deadline = time.monotonic() + seconds
+        while self._attach is not None and not self._attach_eof and not self._killed:
+            if not _ready([self._attach], select.POLLIN, deadline - time.monotonic()):
+                return
+            try:
+                chunk = self._attach.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return
+            self._attach_eof = not chunk
+            self._demux(chunk)
+
+    def describe_exit(self) -> str:
+        if self._eof and self._data is not self._attach:
+            self._drain_stderr(1.0)
+        state, deadline = self._state(), time.monotonic() + (1.0 if self._eof else 0.0)
+        while state and state.get("Running") and time.monotonic() < deadline:
+            time.sleep(0.02)
+            state = self._state()
+        parts = []
+        if state and not state.get("Running"):
+            code = state.get("ExitCode")
+            parts.append(f"exit status {code}" + (" (SIGKILL?)" if code == 137 else ""))
+            if state.get("OOMKilled"):
+                parts.append("killed by the out-of-memory killer: the container's memory cap "
+                             "was reached")
+        tail = self._err.decode("utf-8", "replace").strip()
+        if tail:
+            parts.append("stderr: " + tail[-600:])
+        return "; ".join(parts)
+
+
+def _ready(socks: list, event: int, seconds: float) -> list:
+    if seconds <= 0:
+        return []
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock, event)
+    fds = {fd for fd, _ in poller.poll(seconds * 1000)}
+    return [sock for sock in socks if sock.fileno() in fds]
+
+
+# --------------------------------------------------------------------------- the backend
+
+CHANNELS = ("auto", "socket", "attach")
+
+
+def _sock_dir() -> str:
+    """A fresh folder for one runner socket, inside this user's private (0700) folder
+    ``$TMPDIR/envforge-sockets-<uid>``, so that no other local user can reach the socket."""
+    parent = os.path.join(tempfile.gettempdir(), f"envforge-sockets-{os.geteuid()}")
+    try:
+        os.mkdir(parent, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxUnavailable(f"{parent} is not a private folder of this user (0700); remove "
+                                 "it, or use DockerBackend(channel='attach')")
+    path = tempfile.mkdtemp(dir=parent)
+    os.chmod(path, 0o711)  # the container's uid may pass through to the socket, not list
+    return path
+
+
+class DockerBackend(Backend):
+    """Runner containers on a Docker engine; see the module docstring for what they do.
+
+    ``channel``: how requests and replies travel. "socket": a unix socket in a per-container
+    folder bind-mounted read-only at /run/envforge (the runner connects before any env code
+    runs; the host accepts one connection, then deletes the socket file), no daemon on the
+    path: a round trip costs what a pipe costs. "attach": the container's attach stream, through
+    dockerd (several times slower; works with remote engines). "auto": socket when the engine
+    runs on this machine, else attach.
+    """
+
+    name = "docker"
+
+    def __init__(self, image: str | None = None, cpus: float = 1.0, pids: int = PIDS,
+                 tmpfs_mb: int = TMPFS_MB, labels: dict[str, str] | None = None,
+                 runtime: str | None = None, channel: str = "auto"):
+        if cpus <= 0 or pids < 8 or tmpfs_mb < 1:
+            raise UsageError("DockerBackend needs cpus > 0, pids >= 8 and tmpfs_mb >= 1")
+        if channel not in CHANNELS:
+            raise UsageError(f"unknown channel {channel!r}; choose {', '.join(CHANNELS)}")
+        self.image, self.cpus, self.pids, self.tmpfs_mb = image or image_tag(), cpus, pids, tmpfs_mb
+        self.labels = {LABEL: "1", **(labels or {})}
+        self.runtime, self.channel = runtime, channel
+        self._client = None
+        self._reaped = False
+
+    def client(self):
+        if self._client is None:
+            self._client = client()
+        return self._client
+
+    def resolved_channel(self) -> str:
+        """"socket" or "attach": what ``channel`` means with this engine."""
+        if self.channel != "auto":
+            return self.channel
+        host = os.environ.get("DOCKER_HOST", "unix://")
+        try:
+            local = host.startswith("unix://") and self.client().info().get("Name") == socket.gethostname()
+        except Exception:
+            local = False
+        self.channel = "socket" if local else "attach"
+        return self.channel
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            api = self.client().api
+            version = api.version().get("Version", "?")
+        except SandboxUnavailable as e:
+            return False, str(e)
+        except Exception as e:
+            return False, _engine_problem(e)
+        docker = _sdk()
+        try:
+            api.inspect_image(self.image)
+        except docker.errors.ImageNotFound:
+            return False, (f"the sandbox image {self.image} is missing on the Docker engine "
+                           f"{version}: run `envforge sandbox build` (offline: --base IMAGE, "
+                           "see sandbox/Dockerfile)")
+        except Exception as e:
+            return False, _engine_problem(e)
+        return True, (f"docker sandbox: engine {version}, image {self.image}, "
+                      f"{self.resolved_channel()} channel, no network, read-only root, "
+                      f"{self.tmpfs_mb} MiB tmpfs, {self.cpus:g} CPU, {self.pids} pids, no "
+                      "capabilities, no-new-privileges, uid 10001")
+
+    def reap(self) -> list[str]:
+        """Remove sandbox containers on this engine whose owner process on this machine is
+        gone (a host killed outright); returns their ids."""
+        host, removed = socket.gethostname(), []
+        api = self.client().api
+        for c in api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+            name, _, pid = (c.get("Labels") or {}).get(OWNER, "").rpartition(":")
+            if name != host or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            try:
+                api.remove_container(c["Id"], force=True)
+                removed.append(c["Id"])
+            except Exception:
+                pass
+        return removed
+
+    def host_config(self, limits: Limits, sock_dir: str | None) -> dict:
+        docker = _sdk()
+        ulimit = docker.types.Ulimit
+        memory = f"{limits.memory_mb + self.tmpfs_mb + HEADROOM_MB}m"
+        return self.client().api.create_host_config(
+            network_mode="none", read_only=True, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], runtime=self.runtime,
+            tmpfs={"/tmp": f"size={self.tmpfs_mb}m,mode=1777,noexec,nosuid,nodev"},
+            binds={sock_dir: {"bind": "/run/envforge", "mode": "ro"}} if sock_dir else None,
+            mem_limit=memory, memswap_limit=memory, pids_limit=self.pids,
+            nano_cpus=int(self.cpus * 1e9),
+            ulimits=[ulimit(name="data", soft=limits.memory_mb * MIB, hard=limits.memory_mb * MIB),
+                     ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s),
+                     ulimit(name="nofile", soft=limits.max_open_files, hard=limits.max_open_files),
+                     ulimit(name="fsize", soft=MIB, hard=MIB), ulimit(name="core", soft=0, hard=0)],
+            log_config=docker.types.LogConfig(type="none"))
+
+    def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
+        if not 0 <= hash_seed <= 4294967295:
+            raise UsageError(f"hash_seed must be in [0, 4294967295], got {hash_seed}")
+        docker = _sdk()
+        api = self.client().api
+        if not self._reaped:
+            self._reaped = True
+            self.reap()
+        via_socket = self.resolved_channel() == "socket"
+        sock_dir = _sock_dir() if via_socket else None
+        listener = None
+        try:
+            if via_socket:
+                listener = socket.socket(socket.AF_UNIX)
+                listener.bind(os.path.join(sock_dir, "runner.sock"))
+                os.chmod(os.path.join(sock_dir, "runner.sock"), 0o666)
+                listener.listen(1)
+            created = api.create_container(
+                self.image, stdin_open=not via_socket, tty=False, user="10001:10001",
+                entrypoint=["python3", "-s", "-B", "-c", CONNECT] if via_socket else None,
+                environment={"PYTHONHASHSEED": str(hash_seed), "LANG": "C.UTF-8",
+                             "PATH": "/usr/local/bin:/usr/bin:/bin"},
+                labels={**self.labels, OWNER: owner()},
+                host_config=self.host_config(limits, sock_dir))
+        except docker.errors.ImageNotFound:
+            _cleanup(listener, sock_dir)
+            raise SandboxUnavailable(f"the sandbox image {self.image} is missing: run `envforge "
+                                     "sandbox build` (offline: --base IMAGE, see "
+                                     "sandbox/Dockerfile)") from None
+        except BaseException as e:
+            _cleanup(listener, sock_dir)
+            if isinstance(e, Exception):
+                raise SandboxUnavailable(f"cannot create a sandbox container: {e}") from None
+            raise
+        transport = ContainerTransport(api, created["Id"], limits.load_timeout_s)
+        transport.sock_dir = sock_dir
+        sandbox = Sandbox(transport, limits, backend=f"docker/{self.channel}")
+        try:
+            transport.attach(stdin=not via_socket)
+            api.start(created["Id"])
+            if via_socket:
+                listener.settimeout(limits.load_timeout_s)
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    raise SandboxUnavailable(
+                        f"the runner did not connect within {limits.load_timeout_s:g} s "
+                        f"({transport.describe_exit() or 'no output'}); if the engine cannot see "
+                        f"this machine's {sock_dir}, use DockerBackend(channel='attach')") from None
+                transport.connected(conn)
+                _cleanup(listener, sock_dir)  # the container keeps its (now empty) mount
+            if sandbox.call("ping", timeout=limits.load_timeout_s) != "pong":
+                raise SandboxProtocolError("the runner's first ping was not answered 'pong'")
+        except SandboxUnavailable:
+            _cleanup(listener, None)
+            sandbox.kill()
+            raise
+        except SandboxError as e:
+            _cleanup(listener, None)
+            sandbox.kill()
+            raise SandboxUnavailable(f"the runner did not start in its container: {e}") from None
+        except BaseException as e:
+            _cleanup(listener, None)
+            sandbox.kill()
+            if isinstance(e, Exception):
+                raise SandboxUnavailable(f"cannot start a sandbox container: {e}") from None
+            raise
+        return sandbox
+
+
+def _cleanup(listener: socket.socket | None, sock_dir: str | None) -> None:
+    if listener is not None:
+        listener.close()
+    if sock_dir:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True

@@ -1,0 +1,262 @@
+"""envforge.make and the Gymnasium interface, over real sandboxes (process; Docker where an engine
+answers): episodes, Gymnasium's own env checker, registration, the gate check before any code
+runs, typed errors per episode and recovery, pools, and the unsafe in-process baseline."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium", reason="gymnasium is not installed: pip install gymnasium")
+
+import envforge  # noqa: E402
+from envforge.errors import EnvCallError, InputError, SandboxTimeout, UsageError  # noqa: E402
+from tests.envfactory import GOOD_DIR, good_source, override, variants, write_env  # noqa: E402
+from tests.test_sandbox import MARK, children, processes_marked  # noqa: E402
+
+SLUG = GOOD_DIR.name
+FAST = {"call_timeout_s": 1.0, "memory_mb": 512}
+
+
+@pytest.fixture
+def no_leak():
+    before = children()
+    yield
+    assert processes_marked() == [], "a sandboxed process outlived its env"
+    assert children() - before == set(), "a child process of the test leaked"
+
+
+def play(env, seed: int) -> tuple[float, bool, bool, int]:
+    """The reference solution of ``seed``: (score, terminated, truncated, steps)."""
+    plan = env.unwrapped.solve(seed)
+    env.reset(seed=seed)
+    score, steps = 0.0, 0
+    for action in plan:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert env.observation_space.contains(obs) and isinstance(info, dict)
+        score, steps = score + reward, steps + 1
+        if terminated or truncated:
+            return score, terminated, truncated, steps
+    return score, False, False, steps
+
+
+def test_import_envforge_loads_neither_gymnasium_nor_docker():
+    code = ("import sys, envforge; print('gymnasium' in sys.modules, 'docker' in sys.modules); "
+            "envforge.make; print('gymnasium' in sys.modules, 'docker' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True", "False"]
+
+
+def test_make_by_slug_plays_an_episode(no_leak):
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        obs, info = env.reset(seed=3)
+        assert [m["role"] for m in obs["messages"]][:2] == ["system", "user"] and "skill" in info
+        assert play(env, 3)[:2] == (1.0, True)
+        assert env.capability == "precondition verification" and env.max_turns == 12
+        assert "get_ticket_details" in env.action_space.tool_names
+    finally:
+        env.close()
+    env.close()  # idempotent
+
+
+def test_gymnasiums_env_checker_passes(no_leak):
+    from gymnasium.utils.env_checker import check_env
+    env = gymnasium.make(f"envforge/{SLUG}", backend="process", hash_seed=MARK, **FAST)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped)
+        assert [str(w.message) for w in caught] == []
+        assert play(env, 5)[0] == 1.0  # through gymnasium's wrappers (passive checker, order)
+    finally:
+        env.close()
+
+
+def test_registration_and_the_module_form(tmp_path):
+    import envforge.gym as g
+    assert f"envforge/{SLUG}" in g.REGISTERED and f"envforge/{SLUG}" in gymnasium.registry
+    good = write_env(tmp_path / "fine_env", good_source())
+    bad = write_env(tmp_path / "bad_env", good_source())
+    (bad / "report.json").write_text(json.dumps({"verdict": "reject", "findings": []}))
+    write_env(tmp_path / "not-a-slug-v1x", good_source())
+    (tmp_path / "no_env_here").mkdir()
+    assert g.register_envs([tmp_path]) == ["envforge/fine_env"]
+    assert gymnasium.spec("envforge/fine_env").kwargs == {"path": str(good.resolve())}
+
+
+def test_seed_none_continues_the_seeded_generator(no_leak):
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        env.reset(seed=11)
+        a = [env.reset()[0] for _ in range(3)]
+        env.reset(seed=11)
+        b = [env.reset()[0] for _ in range(3)]
+        assert a == b and a[0] != a[1]
+    finally:
+        env.close()
+
+
+def test_make_refuses_what_the_gate_rejects(tmp_path):
+    rejected = write_env(tmp_path / "rejected", good_source())
+    (rejected / "report.json").write_text(json.dumps({"verdict": "reject", "findings": [
+        {"check": "solvability", "severity": "error", "message": "solve() reaches 0.2"}]}))
+    with pytest.raises(InputError, match=r"rejected was rejected by the gate \(report.json\): "
+                                         r"solvability: solve\(\) reaches 0.2. Fix it and re-run "
+                                         r"`envforge audit`, or pass unsafe_skip_gate=True"):
+        envforge.make(rejected, backend="process")
+    static = write_env(tmp_path / "static", good_source().replace("import json\n", "import json\nimport os\n"))
+    with pytest.raises(InputError, match=r"static/env.py fails the gate's static audit \(1 errors; "
+                                         r"first: static.import: .*'os'"):
+        envforge.make(static, backend="process")
+    env = envforge.make(static, backend="process", unsafe_skip_gate=True, hash_seed=MARK)
+    assert env.reset(seed=1)[0]["messages"]
+    env.close()
+
+
+def test_make_says_where_it_looked_and_which_limits_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVFORGE_ENVS", str(tmp_path))
+    with pytest.raises(UsageError, match=r"^no env 'nope': not a path, and no folder of that name "
+                                         r"with an env.py in .*\(set ENVFORGE_ENVS to add folders\)$"):
+        envforge.make("nope")
+    write_env(tmp_path / "mine", good_source())
+    env = envforge.make("mine", backend="process", hash_seed=MARK)  # found through ENVFORGE_ENVS
+    env.close()
+    with pytest.raises(UsageError, match="unexpected keyword argument 'memory'; limits are "
+                                         "fields of envforge.contract.Limits"):
+        envforge.make(SLUG, memory=3)
+
+
+def test_step_outside_an_episode_is_a_usage_error(no_leak):
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        with pytest.raises(UsageError, match=r"^step\(\) before reset\(\), or after the episode"):
+            env.step({"role": "assistant", "content": "hi"})
+        assert play(env, 2)[1] is True
+        with pytest.raises(UsageError, match="call reset"):
+            env.step({"role": "assistant", "content": "hi"})
+    finally:
+        env.close()
+
+
+def test_the_host_truncates_at_max_turns(tmp_path, no_leak):
+    never = next(v.source for v in variants() if v.name == "never_ends")
+    env = envforge.make(write_env(tmp_path / "never", never), backend="process", hash_seed=MARK)
+    try:
+        env.reset(seed=1)
+        flags = [env.step({"role": "assistant", "content": "hmm"})[2:4] for _ in range(env.max_turns)]
+        assert flags[:-1] == [(False, False)] * (env.max_turns - 1) and flags[-1] == (False, True)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_a_hung_sandbox_is_a_typed_error_and_the_next_reset_recovers(tmp_path, no_leak, backend):
+    if backend == "docker":
+        from tests import test_docker
+        if test_docker.REASON is not None:
+            pytest.skip(f"no Docker engine: {test_docker.REASON}")
+        test_docker.ensure_image()
+        backend = test_docker.backend()
+    hang = next(v.source for v in variants() if v.name == "hang")
+    env = envforge.make(write_env(tmp_path / "hang", hang), backend=backend, hash_seed=MARK, **FAST)
+    try:
+        env.reset(seed=1)
+        first = env.unwrapped._sandbox
+        with pytest.raises(SandboxTimeout, match="step did not answer within 1 s"):
+            env.step({"role": "assistant", "content": "Is there anything else you need?"})
+        assert first.closed and env.unwrapped._sandbox is None  # gone, not kept
+        with pytest.raises(UsageError):
+            env.step({"role": "assistant", "content": "hi"})
+        assert play(env, 4)[0] == 1.0  # a fresh sandbox
+        assert env.unwrapped._sandbox is not first
+    finally:
+        env.close()
+    if not isinstance(backend, str):
+        from tests.test_docker import containers
+        assert containers() == []
+
+
+def test_an_env_exception_ends_the_episode_but_not_the_sandbox(tmp_path, no_leak):
+    crash = override("""
+        def step(self, action):
+            if action.get("content") == "boom":
+                raise KeyError("boom")
+            return _Base.step(self, action)
+    """)
+    env = envforge.make(write_env(tmp_path / "crash", crash), backend="process", hash_seed=MARK)
+    try:
+        env.reset(seed=1)
+        sandbox = env.unwrapped._sandbox
+        with pytest.raises(EnvCallError, match="KeyError: 'boom'"):
+            env.step({"role": "assistant", "content": "boom"})
+        env.reset(seed=1)
+        assert env.unwrapped._sandbox is sandbox
+    finally:
+        env.close()
+
+
+def test_envs_leased_from_a_pool(no_leak):
+    pool = envforge.make_pool(SLUG, size=2, backend="process", hash_seed=MARK, **FAST)
+    scores = []
+    try:
+        pool.wait_warm(timeout=30)
+        def worker(seed):
+            env = envforge.make(SLUG, pool=pool)
+            try:
+                scores.extend(play(env, seed + k)[0] for k in range(3))
+            finally:
+                env.close()  # the sandbox goes back to the pool
+        threads = [threading.Thread(target=worker, args=(10 * w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert scores == [1.0] * 6
+        worker(100)  # a third env gets a sandbox back from the pool
+        assert pool.replaced == 0 and pool.started == 2
+    finally:
+        pool.close()
+
+
+def test_docker_env_passes_the_checker(no_leak):
+    from gymnasium.utils.env_checker import check_env
+    from tests import test_docker
+    if test_docker.REASON is not None:
+        pytest.skip(f"no Docker engine: {test_docker.REASON}")
+    test_docker.ensure_image()
+    env = envforge.make(SLUG, backend=test_docker.backend(), hash_seed=MARK, **FAST)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the no-spec render note
+            check_env(env)
+        assert play(env, 9)[0] == 1.0
+    finally:
+        env.close()
+    assert test_docker.containers() == []
+
+
+def test_the_unsafe_inprocess_backend_warns_and_is_never_a_default():
+    from sandbox.base import get_backend
+    assert get_backend().name != "unsafe-inprocess"
+    with pytest.warns(RuntimeWarning, match="runs env code INSIDE THIS PROCESS with no isolation"):
+        env = envforge.make(SLUG, backend="unsafe-inprocess")
+    assert env.unwrapped._sandbox.backend == "unsafe-inprocess"
+    assert play(env, 1)[0] == 1.0
+    env.close()
+
+
+def test_backends_by_name():
+    from sandbox.base import BACKENDS, get_backend
+    from sandbox.process import ProcessBackend
+    assert BACKENDS == ("auto", "process", "docker", "unsafe-inprocess")
+    assert get_backend("process").name == "process" and get_backend("docker").name == "docker"
+    mine = ProcessBackend(isolation="none")
+    assert get_backend(mine) is mine
+    with pytest.raises(UsageError, match="^unknown sandbox backend 'vm'; choose auto, process, "
+                                         "docker, unsafe-inprocess$"):
+        get_backend("vm")

@@ -1,0 +1,208 @@
+"""The warm pool with real sandboxes: lending, replacement, threads, asyncio, cleanup.
+
+Process sandboxes throughout (fast); the parallel test runs on Docker too where an engine answers.
+Every pool's sandboxes start with this session's PYTHONHASHSEED marker, so that a leak shows.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from envforge.contract import Limits
+from envforge.errors import EnvCallError, SandboxCrashed, SandboxTimeout, SandboxUnavailable, UsageError
+from sandbox.pool import SandboxPool
+from tests.test_sandbox import GOOD_ENV, MARK, children, env_with, processes_marked
+
+FAST = Limits(call_timeout_s=1.0, memory_mb=512)
+TALK = {"role": "assistant", "content": "hello"}
+
+
+@pytest.fixture
+def pool():
+    """pool(source=GOOD_ENV, size=2, backend="process", **options) -> a started pool, closed
+    after the test; then no sandbox process may be left."""
+    made, before = [], children()
+
+    def pool(source=GOOD_ENV, size=2, backend="process", **options):
+        p = SandboxPool(source, size=size, backend=backend, limits=options.pop("limits", FAST),
+                        hash_seed=MARK, **options)
+        made.append(p)
+        return p
+    yield pool
+    for p in made:
+        p.close()
+    assert processes_marked() == [], "a pooled sandbox outlived its pool"
+    assert children() - before == set(), "a child process of the test leaked"
+
+
+def episode(lease, seed: int) -> float:
+    """The reference solution of ``seed`` played on a lease; returns the score."""
+    plan = lease.solve(seed)
+    lease.reset(seed)
+    score = 0.0
+    for action in plan:
+        obs, reward, terminated, truncated, info = lease.step(action)
+        score += reward
+        if terminated or truncated:
+            break
+    return score
+
+
+def test_acquire_from_a_warm_pool_is_fast_and_reuses_sandboxes(pool):
+    p = pool(size=2)
+    p.wait_warm(timeout=30)
+    times, seen = [], set()
+    for seed in range(6):
+        t = time.perf_counter()
+        lease = p.acquire()
+        times.append(time.perf_counter() - t)
+        with lease:
+            assert episode(lease, seed) == 1.0
+            seen.add(id(lease.sandbox))
+    assert max(times) < 0.05
+    assert len(seen) <= 2 and p.started == 2 and p.replaced == 0
+    assert "started=2" in repr(p)
+
+
+def test_a_dead_sandbox_is_replaced_and_an_env_error_is_not(pool):
+    p = pool(env_with(step="if action.get('content') == 'hang':\n    while True:\n        pass\n"
+                           "if action.get('content') == 'raise':\n    raise KeyError('boom')\n"
+                           "return {'messages': []}, 0.0, False, False, {}"), size=1)
+    with p.acquire() as lease:
+        lease.reset(1)
+        with pytest.raises(EnvCallError, match="KeyError"):
+            lease.step({"role": "assistant", "content": "raise"})
+        first = lease.sandbox
+    with p.acquire() as lease:
+        assert lease.sandbox is first and p.replaced == 0  # an env error: the sandbox lives
+        lease.reset(1)
+        with pytest.raises(SandboxTimeout):
+            lease.step({"role": "assistant", "content": "hang"})
+    with p.acquire(timeout=30) as lease:
+        assert lease.sandbox is not first and p.replaced == 1
+        lease.reset(2)
+        assert lease.step(TALK)[1:4] == [0.0, False, False]
+
+
+def test_parallel_rollouts_from_threads(pool):
+    p = pool(size=2)
+    scores, errors = [], []
+
+    def rollouts(worker: int) -> None:
+        try:
+            for k in range(5):
+                with p.acquire(timeout=30) as lease:
+                    scores.append(episode(lease, 10 * worker + k))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rollouts, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and scores == [1.0] * 20
+    assert p.started <= 2 and p.replaced == 0
+
+
+def test_parallel_rollouts_on_docker(pool):
+    from tests import test_docker
+    if test_docker.REASON is not None:
+        pytest.skip(f"no Docker engine: {test_docker.REASON}")
+    test_docker.ensure_image()
+    p = pool(size=2, backend=test_docker.backend())
+    results = []
+
+    def worker(w: int) -> None:
+        out = []
+        for k in range(3):
+            with p.acquire(timeout=60) as lease:
+                out.append(episode(lease, 10 * w + k))
+        results.append(out)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == [[1.0] * 3] * 3 and p.replaced == 0
+    p.close()
+    assert test_docker.containers() == []
+
+
+def test_async_acquire(pool):
+    p = pool(size=2)
+
+    async def rollout(seed: int) -> float:
+        lease = await p.acquire_async(timeout=30)
+        try:
+            return await asyncio.to_thread(episode, lease, seed)
+        finally:
+            lease.release()
+
+    async def main() -> list[float]:
+        return await asyncio.gather(*(rollout(s) for s in range(6)))
+
+    assert asyncio.run(main()) == [1.0] * 6
+
+
+def test_a_cancelled_async_wait_hands_the_sandbox_back(pool):
+    p = pool(size=1)
+    held = p.acquire(timeout=30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(p.acquire_async(timeout=5))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        held.release()  # the cancelled wait gets it, then gives it back
+
+    asyncio.run(main())
+    with p.acquire(timeout=5) as lease:
+        assert lease.sandbox is held.sandbox
+
+
+def test_acquire_times_out_when_all_are_lent(pool):
+    p = pool(size=1)
+    with p.acquire(timeout=30):
+        with pytest.raises(TimeoutError, match=r"no sandbox came free within 0.1 s \(pool size 1\)"):
+            p.acquire(timeout=0.1)
+
+
+def test_max_uses_retires_a_sandbox(pool):
+    p = pool(size=1, max_uses=2)
+    firsts = []
+    for _ in range(3):
+        with p.acquire(timeout=30) as lease:
+            firsts.append(lease.sandbox)
+    assert firsts[0] is firsts[1] is not firsts[2] and p.replaced == 1
+
+
+def test_an_env_that_cannot_load_fails_the_pool_with_the_reason(pool):
+    p = pool("raise ValueError('broken at import')\n", size=2)
+    with pytest.raises(SandboxUnavailable, match=r"^the pool could not start a sandbox 3 times in "
+                                                 r"a row: ValueError: broken at import$"):
+        p.acquire(timeout=30)
+    with pytest.raises(SandboxUnavailable, match="3 times in a row"):
+        p.acquire(timeout=1)
+
+
+def test_close_kills_lent_sandboxes_too(pool):
+    p = pool(size=2)
+    lease = p.acquire(timeout=30)
+    p.close()
+    with pytest.raises(SandboxCrashed, match="closed or killed earlier"):
+        lease.reset(1)
+    lease.release()
+    with pytest.raises(SandboxUnavailable, match="the pool is closed"):
+        p.acquire()
+    p.close()  # idempotent
+
+
+def test_a_pool_needs_a_size():
+    with pytest.raises(UsageError, match="a pool needs at least one sandbox, got size=0"):
+        SandboxPool(GOOD_ENV, size=0)

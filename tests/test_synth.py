@@ -1,0 +1,265 @@
+"""`envforge synth` as a user runs it (template path): the files it writes, the command's exit
+codes and messages, never overwriting an accepted env, the --from batch, and the orchestration
+helpers (envforge/synth/__init__.py). The LLM path: tests/test_synth_llm.py; the template
+synthesizer itself and the family x target matrix: tests/test_synth_templates.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+from click.testing import CliRunner
+
+from envforge.cli import main
+from envforge.errors import UsageError
+from envforge.synth import (CapabilitySpec, SynthConfig, existing_env, load_capabilities,
+                            resolve_synthesizer, sha256, slug_for, synthesize)
+from envforge.targets import load_target
+from envforge.trajectories import Trajectory
+from tests.conftest import REPO, TARGETS, needs_shared
+
+FAST = ["--seeds", "8"]
+SLUG = "helpdesk_precondition_verification"
+
+
+def run(*args, env=None):
+    env = {**os.environ, "COLUMNS": "160", **(env or {})}
+    for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "envforge", *args], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=REPO)
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(main, list(args), env={"OPENAI_BASE_URL": None, "OPENAI_API_KEY": None,
+                                                     **(env or {})})
+
+
+@pytest.fixture
+def out(tmp_path):
+    return tmp_path / "envs"
+
+
+# ============================================================================= one capability
+
+
+def test_synth_writes_an_accepted_env_with_manifest_and_report(out):
+    p = run("synth", "--capability", "precondition verification", "--target", "example",
+            "--out", str(out), *FAST)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "synthesizer: template (offline; set OPENAI_BASE_URL and --model for the LLM path)" in p.stderr
+    assert SLUG in p.stdout and "accept" in p.stdout and "1 of 1 accepted" in p.stdout
+    assert "Traceback" not in p.stderr
+    folder = out / SLUG
+    assert sorted(x.name for x in folder.iterdir()) == ["env.py", "manifest.json", "report.json"]
+    code = (folder / "env.py").read_text()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert json.loads((folder / "report.json").read_text())["verdict"] == "accept"
+    assert {k: manifest[k] for k in ("capability", "slug", "family", "target", "target_name",
+                                     "synthesizer", "model", "verdict", "envforge_version")} == {
+        "capability": "precondition verification", "slug": SLUG, "family": "precondition_verification",
+        "target": "example", "target_name": "helpdesk", "synthesizer": "template", "model": None,
+        "verdict": "accept", "envforge_version": "0.1.0"}
+    assert manifest["target_schema_hash"] == load_target("example").schema_hash()
+    assert manifest["code_sha256"] == sha256(code)
+    assert manifest["attempts"] == [{"n": 1, "verdict": "accept", "findings": [], "code_sha256": sha256(code)}]
+    assert manifest["template"]["write"] == "close_ticket"
+    assert datetime.fromisoformat(manifest["created"]).tzinfo is not None
+    # the gate finds the target through the manifest
+    a = run("audit", str(folder), "--json", *FAST, "--no-report")
+    assert a.returncode == 0 and json.loads(a.stdout)["results"][0]["target"] == "helpdesk"
+
+
+def test_an_accepted_env_is_never_overwritten_silently(out):
+    args = ["synth", "-c", "precondition verification", "-t", "example", "--out", str(out), *FAST, "--json"]
+    assert invoke(*args).exit_code == 0
+    before = (out / SLUG / "manifest.json").read_text()
+    r = invoke(*args)                               # the same inputs: kept, reported as accepted
+    assert r.exit_code == 0 and json.loads(r.output)["skipped"] is True
+    assert (out / SLUG / "manifest.json").read_text() == before
+    r = invoke("synth", "-c", "verifying preconditions", "-t", "example", "--out", str(out), *FAST, "--json")
+    assert r.exit_code == 1                         # another capability, the same slug: refused
+    assert json.loads(r.output)["error"] == (
+        f"{out / SLUG} already holds an accepted env for 'precondition verification'; pass --force "
+        "to overwrite it, or --out to write elsewhere")
+    r = invoke("synth", "-c", "verifying preconditions", "-t", "example", "--out", str(out), *FAST,
+               "--json", "--force")
+    assert r.exit_code == 0 and json.loads(r.output)["verdict"] == "accept"
+    assert json.loads((out / SLUG / "manifest.json").read_text())["capability"] == "verifying preconditions"
+
+
+def test_a_hand_written_or_edited_env_is_kept(out):
+    shutil.copytree(REPO / "generated_envs" / SLUG, out / SLUG)   # envforge's own example env
+    r = invoke("synth", "-c", "precondition verification", "-t", "example", "--out", str(out), "--json")
+    assert r.exit_code == 1
+    assert json.loads(r.output)["error"] == (
+        f"{out / SLUG} already holds an env.py whose verdict is unknown (no report, or edited since) "
+        "for 'precondition verification'; pass --force to overwrite it, or --out to write elsewhere")
+    assert (out / SLUG / "env.py").read_text() == (REPO / "generated_envs" / SLUG / "env.py").read_text()
+    other = out / "helpdesk_confirmation_before_write"
+    assert invoke("synth", "-c", "confirmation before write", "-t", "example", "--out", str(out),
+                  *FAST).exit_code == 0
+    with open(other / "env.py", "a") as f:
+        f.write("# edited by hand\n")
+    assert existing_env(other)[0] == "unknown"
+    assert invoke("synth", "-c", "confirmation before write", "-t", "example", "--out", str(out),
+                  *FAST).exit_code == 1
+
+
+def test_a_rejected_env_is_replaced(out):
+    cfg = SynthConfig(synthesizer="template", out_dir=out, seeds=8)
+    r = synthesize("precondition verification", "example", cfg)
+    folder = out / SLUG
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["verdict"] = "reject"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert existing_env(folder)[0] == "rejected"
+    r = synthesize("precondition verification", "example", cfg)
+    assert r.verdict == "accept" and not r.skipped
+
+
+@needs_shared
+def test_synth_on_a_real_target_names_the_target_path(out):
+    r = invoke("synth", "-c", "structured data reasoning", "-t", str(TARGETS / "tau2" / "airline"),
+               "--out", str(out), *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.output)
+    assert result["slug"] == "airline_structured_data_reasoning" and result["verdict"] == "accept"
+    manifest = json.loads((out / result["slug"] / "manifest.json").read_text())
+    assert manifest["target"] == str(TARGETS / "tau2" / "airline") and manifest["target_name"] == "tau2/airline"
+
+
+# ============================================================================= usage errors
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-c", "precondition verification", "-t", "no/such/target"],
+     "error: --target no/such/target: no such folder or file; give a target folder (holding "
+     "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'\n"),
+    (["-c", "escalation judgement", "-t", "example"],
+     "error: capability 'escalation judgement' matches none of the template synthesizer's families; "
+     "name one of: 'precondition verification' (precondition_verification); 'structured data "
+     "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
+     "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
+     "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use --llm "
+     "openai, which takes any capability)\n"),
+    (["-c", "precondition verification", "-t", "example", "--llm", "openai"],
+     "error: --llm openai needs an endpoint (OPENAI_BASE_URL, or OPENAI_API_KEY for api.openai.com) "
+     "and a model (--model): set OPENAI_BASE_URL (and OPENAI_API_KEY) and pass --model, or use --llm "
+     "template for the offline template synthesizer\n"),
+    (["-t", "example"], "error: give either --capability TEXT or --from capabilities.json\n"),
+    (["-c", "x", "-t", "example", "--price-per-1k", "cheap"],
+     "error: --price-per-1k 'cheap': give USD per 1,000 tokens as IN,OUT (e.g. 0.15,0.6) or one price "
+     "for both\n"),
+])
+def test_usage_errors_exit_2(args, message, tmp_path):
+    r = invoke("synth", *args, "--out", str(tmp_path))
+    assert r.exit_code == 2 and r.output == message
+    assert not any(tmp_path.iterdir())
+
+
+def test_openai_with_a_model_but_no_endpoint(tmp_path):
+    r = invoke("synth", "-c", "x", "-t", "example", "--llm", "openai", "--model", "m", "--out", str(tmp_path))
+    assert r.exit_code == 2 and "--llm openai needs an endpoint (OPENAI_BASE_URL" in r.output
+
+
+def test_resolve_synthesizer(monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert resolve_synthesizer(SynthConfig(model="m")) == "template"          # no endpoint
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    assert resolve_synthesizer(SynthConfig()) == "template"                   # no model
+    assert resolve_synthesizer(SynthConfig(model="m")) == "openai"
+    assert resolve_synthesizer(SynthConfig(synthesizer="template", model="m")) == "template"
+    with pytest.raises(UsageError, match=r"^--llm openai needs a model \(--model\): "):
+        resolve_synthesizer(SynthConfig(synthesizer="openai"))
+    with pytest.raises(UsageError, match="attempts must be from 1 to 50"):
+        SynthConfig(attempts=0)
+
+
+def test_slugs():
+    example = load_target("example")
+    from envforge.synth.families import BY_SLUG
+    assert slug_for("anything", example, BY_SLUG["policy_adherence"]) == "helpdesk_policy_adherence"
+    assert slug_for("Tool-call Argument Precision!", example, None) == "helpdesk_tool_call_argument_precision"
+
+
+# ============================================================================= --from: a batch
+
+
+CAPS = {"capabilities": [
+    {"name": "precondition verification", "description": "reads before writing", "retained": True,
+     "examples": ["t1", "t2"]},
+    {"name": "confirmation before write", "description": "asks first", "retained": True},
+    {"name": "escalation judgement", "description": "transfers when it must", "retained": True},
+    {"name": "tool-call argument precision", "description": "exact ids", "retained": False},
+]}
+
+
+def test_from_capabilities_json(tmp_path, out):
+    path = tmp_path / "capabilities.json"
+    path.write_text(json.dumps(CAPS))
+    r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(out), *FAST, "--json")
+    assert r.exit_code == 1                                  # one capability has no family
+    results = json.loads(r.output)
+    assert [(x["capability"], x["verdict"]) for x in results] == [
+        ("precondition verification", "accept"), ("confirmation before write", "accept"),
+        ("escalation judgement", "error")]
+    assert results[2]["error"].startswith("capability 'escalation judgement' matches none of the "
+                                          "template synthesizer's families; name one of:")
+    assert sorted(x.name for x in out.iterdir()) == ["helpdesk_confirmation_before_write", SLUG]
+    # --all takes the capabilities identify did not retain too; the accepted ones are kept
+    r = invoke("synth", "--from", str(path), "--all", "-t", "example", "--out", str(out), *FAST)
+    assert r.exit_code == 1
+    assert "helpdesk_argument_precision" in r.output and "3 of 4 accepted" in r.output
+    assert "already accepted; kept (--force to redo)" in r.output
+
+
+def test_from_a_file_without_retained_capabilities(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"capabilities": [{"name": "x", "retained": False}]}))
+    r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
+    assert r.exit_code == 1 and r.output == (f"Error: {path} has no retained capability to synthesize "
+                                             "(pass --all to take every capability it lists)\n")
+    path.write_text("[1, 2]")
+    r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
+    assert r.exit_code == 1 and r.output.startswith(f"error: {path}: expected {{\"capabilities\":")
+
+
+def test_two_capabilities_of_one_family_make_one_env(out):
+    from envforge.synth import synthesize_batch
+    specs = [CapabilitySpec("confirmation before write"), CapabilitySpec("asks for explicit consent")]
+    results = synthesize_batch(specs, "example", SynthConfig(synthesizer="template", out_dir=out, seeds=8))
+    assert [r.verdict for r in results] == ["accept", "error"]
+    assert results[1].error == ("'asks for explicit consent' maps to the same env "
+                                "(helpdesk_confirmation_before_write) as 'confirmation before write', "
+                                "which is synthesized instead")
+
+
+def test_load_capabilities_renders_failing_examples(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(CAPS))
+    failing = Trajectory("t1", [{"role": "user", "content": "cancel my order"},
+                                {"role": "assistant", "content": "done, cancelled"}], 0.0, False)
+    passing = Trajectory("t2", [{"role": "user", "content": "hi"}], 1.0, True)
+    specs = load_capabilities(path, trajectories=[failing, passing])
+    assert [s.name for s in specs] == ["precondition verification", "confirmation before write",
+                                       "escalation judgement"]
+    assert len(specs[0].examples) == 1 and "cancel my order" in specs[0].examples[0]
+    assert specs[1].examples == [] and specs[0].description == "reads before writing"
+    assert [s.name for s in load_capabilities(path, retained_only=False)][-1] == "tool-call argument precision"
+    assert isinstance(specs[0], CapabilitySpec)
+
+
+def test_import_synth_is_light():
+    code = ("import sys, envforge.synth, envforge.synth.templates, envforge.synth.llm; "
+            "print(' '.join(sorted(sys.modules)))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.split())
+    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "envforge.gate",
+             "envforge.cli", "sandbox")
+    assert not [m for m in mods if m.startswith(heavy)]

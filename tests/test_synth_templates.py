@@ -1,0 +1,322 @@
+"""The template synthesizer (envforge/synth/templates.py, classify.py, families.py, envsrc/):
+tool classification, value recipes, family matching, and the matrix: every family on every target
+in ../shared/targets and on envforge's own example target passes the full gate."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from envforge.contract import assistant, tool_call
+from envforge.errors import UsageError
+from envforge.gate import audit
+from envforge.gate.dynamic import GateSettings
+from envforge.gate.static import audit_static
+from envforge.synth.classify import Catalog, Unsupported, id_pattern, recipe
+from envforge.synth.families import FAMILIES, match_family
+from envforge.synth.templates import plan, synthesize_template
+from envforge.targets import Target, load_target
+from tests.conftest import TARGETS, needs_shared
+
+SHARED_TARGETS = {"retail": "tau2/retail", "airline": "tau2/airline", "telecom": "tau2/telecom",
+                  "mock": "tau2/mock", "toolsandbox": "toolsandbox"}
+
+
+def target(name: str) -> Target:
+    if name == "example":
+        return load_target("example")
+    path = TARGETS / SHARED_TARGETS[name]
+    if not path.is_dir():
+        pytest.skip(f"{path} is absent (the real targets live in ../shared/targets)")
+    return load_target(path)
+
+
+def load_env(source: str):
+    """The Env class of a rendered source, run in this process (for behaviour tests only; the
+    gate runs envs in its sandbox)."""
+    namespace: dict = {}
+    exec(compile(source, "env.py", "exec"), namespace)  # noqa: S102 - our own template output
+    return namespace["Env"]
+
+
+def play(Env, seed: int, actions: list) -> tuple[float, list, dict]:
+    env = Env()
+    obs, info = env.reset(seed)
+    total, seen = 0.0, list(obs["messages"])
+    for a in actions:
+        o, r, term, trunc, info = env.step(a)
+        total += r
+        seen += o["messages"]
+        if term or trunc:
+            break
+    return round(total, 4), seen, info
+
+
+# ============================================================================= classification
+
+
+def test_classifies_the_example_target():
+    cat = Catalog(load_target("example"))
+    kinds = {n: t.kind for n, t in cat.tools.items()}
+    assert kinds == {"find_employee_by_email": "read", "get_employee_details": "read",
+                     "get_ticket_details": "read", "reset_password": "write", "grant_access": "write",
+                     "close_ticket": "write", "extend_laptop_loan": "write",
+                     "transfer_to_human_agents": "escalation"}
+    cands = {c.write.name: (c.key, c.reader.tool, c.reader.mode, c.owner.param if c.owner else None)
+             for c in cat.candidates()}
+    assert cands["close_ticket"] == ("ticket_id", "get_ticket_details", "key", "employee_id")
+    # a loan has no reader of its own: the owner's details embed it
+    assert cands["extend_laptop_loan"] == ("loan_id", "get_employee_details", "owner", "employee_id")
+    owner = cat.owner_for("ticket_id")
+    assert (owner.lookup, owner.lookup_fields, owner.reader) == (
+        "find_employee_by_email", {"email": "email"}, "get_employee_details")
+
+
+@needs_shared
+@pytest.mark.parametrize("name, write, key, reader, mode, owner, lookup", [
+    ("retail", "cancel_pending_order", "order_id", "get_order_details", "key", "user_id", "find_user_id_by_email"),
+    ("airline", "cancel_reservation", "reservation_id", "get_reservation_details", "key", "user_id", None),
+    ("telecom", "suspend_line", "line_id", "get_details_by_id", "any_id", "customer_id", "get_customer_by_phone"),
+    ("mock", "update_task_status", "task_id", "get_users", "listing", "user_id", None),
+    ("toolsandbox", "modify_contact", "person_id", "search_contacts", "search", None, None),
+])
+def test_classifies_the_real_targets(name, write, key, reader, mode, owner, lookup):
+    cat = Catalog(target(name))
+    c = next(c for c in cat.candidates() if c.write.name == write)
+    assert (c.key, c.reader.tool, c.reader.mode) == (key, reader, mode)
+    assert (c.owner.param if c.owner else None) == owner
+    assert (c.owner.lookup if c.owner else None) == lookup
+
+
+def test_kind_from_the_description_when_the_name_says_nothing():
+    tools = [{"type": "function", "function": {"name": "ticket_info", "description": "Get a ticket.",
+                                               "parameters": {"type": "object", "properties": {}}}},
+             {"type": "function", "function": {"name": "ticket_wipe", "description": "Deletes a ticket.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    kinds = {n: t.kind for n, t in Catalog(Target("t", tools)).tools.items()}
+    assert kinds == {"ticket_info": "read", "ticket_wipe": "write"}
+
+
+@pytest.mark.parametrize("example, person, drawn", [
+    ("#W0000000", False, ["#W", ["d", 7]]),              # 3+ digits: letters kept
+    ("ZFA04Y", False, [["A", 3], ["d", 2], ["A", 1]]),   # few digits: letters drawn too
+    ("credit_card_7815826", False, ["credit_card_", ["d", 7]]),
+    ("sara_doe_496", True, [["f", 1], "_", ["l", 1], "_", ["d", 3]]),  # a user id like a name
+])
+def test_id_patterns_learnt_from_description_examples(example, person, drawn):
+    assert id_pattern(example, person) == drawn
+
+
+def test_recipes_follow_the_schema():
+    root = {"$defs": {"F": {"type": "object", "properties": {
+        "flight_number": {"type": "string", "description": "such as 'HAT001'"},
+        "date": {"type": "string"}}, "required": ["flight_number", "date"]}}}
+    assert recipe("cabin", {"type": "string", "enum": ["economy", "business"]}, root) == {
+        "t": "choice", "values": ["economy", "business"], "enum": True}
+    assert recipe("reason", {"type": "string", "description": "either 'no longer needed' or "
+                             "'ordered by mistake'"}, root)["values"] == ["no longer needed", "ordered by mistake"]
+    assert recipe("days", {"type": "integer", "minimum": 1, "maximum": 30}, root) == {"t": "int", "min": 1, "max": 30}
+    assert recipe("email", {"type": "string"}, root) == {"t": "person", "field": "email"}
+    flights = recipe("flights", {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/F"},
+                                                                      {"type": "object"}]}}, root)
+    assert flights["t"] == "array" and flights["items"]["t"] == "object"
+    assert flights["items"]["props"]["flight_number"] == {"t": "id", "patterns": [["HAT", ["d", 3]]]}
+    assert flights["items"]["props"]["date"] == {"t": "date"}
+
+
+def test_a_target_without_a_usable_write_says_what_is_missing():
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    with pytest.raises(Unsupported) as e:
+        plan("precondition_verification", Target("weather", tools))
+    assert str(e.value) == (
+        "target weather has no write tool that acts on a record by a required id parameter (such as "
+        "order_id) together with a read tool that shows that record (a get_*(id), a search, an "
+        "owner's details or a listing); found read tools: get_weather; write tools: none")
+
+
+def test_information_gathering_needs_a_way_to_find_a_record():
+    tools = [{"type": "function", "function": {"name": name, "description": desc, "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+        for name, desc in (("get_order", "Get an order."), ("cancel_order", "Cancel an order."))]
+    t = Target("shop", tools)
+    assert plan("precondition_verification", t)["plan"]["write"] == "cancel_order"
+    with pytest.raises(Unsupported, match="cannot support 'multi-step information gathering': it needs "
+                                          "a way to find a record the user only describes"):
+        plan("information_gathering", t)
+
+
+# ============================================================================= families
+
+
+@pytest.mark.parametrize("text, slug", [
+    ("precondition verification", "precondition_verification"),
+    ("Policy adherence / refusal", "policy_adherence"),
+    ("tool-call argument precision", "argument_precision"),
+    ("structured data reasoning over tool outputs", "structured_data_reasoning"),
+    ("multi-step information gathering", "information_gathering"),
+    ("confirmation before write", "confirmation_before_write"),
+    ("argument_precision", "argument_precision"),
+    ("verifying order status before cancelling", "precondition_verification"),
+    ("asks for explicit consent", "confirmation_before_write"),
+    ("computing refund totals", "structured_data_reasoning"),
+])
+def test_capability_text_maps_to_the_nearest_family(text, slug):
+    assert match_family(text).slug == slug
+
+
+def test_unknown_capability_text_fails_listing_the_families():
+    with pytest.raises(UsageError) as e:
+        match_family("escalation judgement", "transfers to a human when the request is out of scope")
+    assert str(e.value) == (
+        "capability 'escalation judgement' matches none of the template synthesizer's families; name "
+        "one of: 'precondition verification' (precondition_verification); 'structured data "
+        "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
+        "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
+        "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use "
+        "--llm openai, which takes any capability)")
+
+
+# ============================================================================= the env it writes
+
+
+def test_rendering_is_deterministic_and_self_contained():
+    t = load_target("example")
+    a, _ = synthesize_template("precondition verification", FAMILIES[0], t)
+    b, _ = synthesize_template("precondition verification", FAMILIES[0], t)
+    assert a == b
+    static = audit_static(a)
+    assert static.ok and not static.findings, [f.message for f in static.findings]
+    assert static.shape["capability"] == "precondition verification"
+    assert "Why it transfers:" in a.split('"""')[1]
+    imports = [ln for ln in a.splitlines() if ln.startswith(("import ", "from "))]
+    assert imports == ["import json", "import random", "import re"]
+
+
+def test_copies_the_target_schemas_exactly():
+    t = load_target("example")
+    for f in FAMILIES:
+        bundle = plan(f, t)
+        for tool in bundle["tools"]:
+            assert tool == t.tool(tool["function"]["name"])
+
+
+def test_behaviour_of_a_precondition_env():
+    """Partial credit by hand: the right refusal, a refusal without the reason, a blind write."""
+    t = load_target("example")
+    Env = load_env(synthesize_template("precondition verification", FAMILIES[0], t)[0])
+    by_blocker = {}
+    for seed in range(60):
+        env = Env()
+        env.reset(seed)
+        by_blocker.setdefault(env._sc["blocker"], seed)
+    seed = by_blocker["status"]
+    ref = Env().solve(seed)
+    assert play(Env, seed, ref)[0] == 1.0
+    assert play(Env, seed, ref[:-1] + [assistant("Sorry, I cannot do that.")])[0] == 0.6   # no reason named
+    assert play(Env, seed, [ref[-1]])[0] == 0.6                                            # no read first
+    seed = by_blocker[None]
+    ref = Env().solve(seed)
+    write = ref[-1]
+    assert play(Env, seed, [write])[0] == 0.6                                              # acted without reading
+    assert play(Env, seed, ref[:-1] + [assistant("Sorry, I cannot do that.")])[0] == 0.0   # refused a valid request
+    # every malformed action is answered, never raised
+    env = Env()
+    env.reset(seed)
+    for bad in [None, "hi", {}, {"role": "assistant", "tool_calls": "x"},
+                {"role": "assistant", "tool_calls": [None, {"id": "a"}]},
+                assistant(None, [tool_call("close_ticket", "{not json", "c1")]),
+                assistant(None, [tool_call("close_ticket", {"ticket_id": 7}, "c2")]),
+                assistant(None, [tool_call("rm_rf", {}, "c3")])]:
+        obs, reward, term, trunc, info = env.step(bad)
+        assert reward == 0.0 and isinstance(obs["messages"], list)
+    msgs = env.step(assistant(None, [tool_call("close_ticket", {"ticket_id": 7}, "c9")]))[0]["messages"]
+    assert msgs == [{"role": "tool", "tool_call_id": "c9", "content": "Error: invalid arguments for "
+                     "close_ticket: missing required argument 'resolution'; 'ticket_id' must be of "
+                     "type string, got integer."}]
+
+
+def test_argument_precision_users_speak_loosely():
+    t = load_target("example")
+    src, summary = synthesize_template("tool-call argument precision", "argument_precision", t)
+    assert summary["write"] == "grant_access"
+    Env = load_env(src)
+    seen = {}
+    for seed in range(40):
+        env = Env()
+        obs, info = env.reset(seed)
+        seen.setdefault(info["skill"], (seed, obs["messages"][1]["content"], env._sc))
+    seed, text, sc = seen["value_format"]
+    level = sc["args"]["level"]
+    assert f"level: {level.capitalize()}" in text      # an enum in plain words
+    seed, text, sc = seen["id_format"]
+    assert sc["key"] not in text and sc["key"].replace("_", " ") in text  # emp_1234 -> "emp 1234"
+    ref = Env().solve(seed)
+    wrong = json.loads(ref[-1]["tool_calls"][0]["function"]["arguments"])
+    wrong["level"] = next(x for x in ("read", "write", "admin") if x != wrong["level"])
+    assert play(Env, seed, ref[:-1] + [assistant(None, [tool_call("grant_access", wrong, "w")])])[0] == round(
+        0.2 + 0.8 * 2 / 3, 4)
+
+
+# ============================================================================= the matrix
+
+
+MATRIX_TARGETS = ["retail", "airline", "telecom", "mock", "toolsandbox", "example"]
+
+
+@pytest.fixture(scope="module")
+def matrix_results(tmp_path_factory):
+    """Every family on every target, audited by the full gate with 20 seeds per property (50 in
+    test_full_gate_on_a_few), one after the other (CPython 3.11's ast is not thread-safe)."""
+    out = tmp_path_factory.mktemp("matrix")
+    jobs = []
+    for name in MATRIX_TARGETS:
+        if name != "example" and not (TARGETS / SHARED_TARGETS[name]).is_dir():
+            continue
+        t = target(name)
+        for f in FAMILIES:
+            jobs.append((name, f, t))
+
+    def run(job):
+        name, f, t = job
+        folder = out / f"{name}_{f.slug}"
+        folder.mkdir()
+        src, _ = synthesize_template(f.name, f, t)
+        (folder / "env.py").write_text(src)
+        t0 = time.perf_counter()
+        report = audit(folder, target=t, settings=GateSettings(seeds=20), write_report=False)
+        return (name, f.slug), (report, time.perf_counter() - t0)
+
+    return dict(run(job) for job in jobs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [f.slug for f in FAMILIES])
+@pytest.mark.parametrize("name", MATRIX_TARGETS)
+def test_matrix_every_family_on_every_target_is_accepted(matrix_results, name, family):
+    if name != "example" and not (TARGETS / SHARED_TARGETS[name]).is_dir():
+        pytest.skip(f"{TARGETS / SHARED_TARGETS[name]} is absent")
+    report, seconds = matrix_results[(name, family)]
+    errors = [f"{f.check}: {f.message}" for f in report.findings if f.severity == "error"]
+    assert report.verdict == "accept", errors
+    scores = report.stats["mean_score"]
+    assert scores["reference"] == 1.0
+    assert scores["do_nothing"] <= 0.1 and scores["random"] <= 0.1
+    assert scores["perturbed"] < scores["reference"]
+    assert len(report.stats["score_values"]) >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, family", [("example", "information_gathering"),
+                                          ("retail", "precondition_verification"),
+                                          ("airline", "argument_precision")])
+def test_full_gate_on_a_few(tmp_path, name, family):
+    """The default gate (50 seeds per property) on a few pairs of the matrix."""
+    t = target(name)
+    src, _ = synthesize_template(family, family, t)
+    (tmp_path / "env.py").write_text(src)
+    report = audit(tmp_path, target=t, write_report=False)
+    assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+    assert report.stats["solved"] == "50/50"
