@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,6 @@ from envforge.errors import EnvCallError, InputError, SandboxError, UsageError
 from sandbox.base import Backend, get_backend
 
 NAMESPACE = "envforge"
-_STATIC_LOCK = threading.Lock()
 _SLUG = re.compile(r"^[\w.]+$")
 
 
@@ -166,8 +164,7 @@ def gate_check(env_file: Path) -> str:
         raise InputError(f"{env_file.parent} was rejected by the gate (report.json): "
                          f"{'; '.join(first)[:400]}. Fix it and re-run `envforge audit`, or pass "
                          "unsafe_skip_gate=True")
-    with _STATIC_LOCK:  # ast.parse in two threads at once can fail on CPython 3.11 (gh-106905)
-        findings = audit_static(raw, filename=env_file.name).findings
+    findings = audit_static(raw, filename=env_file.name).findings  # thread-safe: see PARSE_LOCK
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise InputError(f"{env_file} fails the gate's static audit ({len(errors)} errors; first: "

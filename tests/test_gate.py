@@ -87,3 +87,24 @@ def test_a_slow_env_exhausts_the_budget_and_the_audit_ends(tmp_path):
     [f] = [f for f in _errors(report) if f.check == "bounded"]
     assert "1.5 s budget" in f.message and "ms a call" in f.message
     assert report.stages["dynamic"] < 1.5 + 3 * FAST.limits.call_timeout_s
+
+
+def test_audits_in_parallel_threads():
+    """Hypothesis parses sources (inspect.getsource) and CPython 3.11's parser is not safe across
+    threads: the gate serializes that, so concurrent audits (synth --from) all complete."""
+    import threading
+    results, errors = [], []
+
+    def one():
+        try:
+            results.append(audit(GOOD_DIR, settings=GateSettings(seeds=6, robustness_examples=8,
+                                                                  replay_random=2), write_report=False))
+        except BaseException as e:  # noqa: BLE001 - any exception is the failure under test
+            errors.append(repr(e))
+
+    for _ in range(3):
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    assert errors == []
+    assert [r.verdict for r in results] == ["accept"] * 9

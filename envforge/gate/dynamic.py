@@ -28,6 +28,7 @@ from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limi
                                canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
 from envforge.gate.schema import call_problem
+from envforge.gate.static import PARSE_LOCK
 
 
 @dataclass
@@ -569,7 +570,7 @@ def _random_episodes(host: Host, tools: list, n: int) -> list[Episode]:
 
         out.append(host.episode("r", seed, policy, "random"))
 
-    with _quiet():
+    with PARSE_LOCK, _quiet():
         run()
     return out[:n]
 
@@ -617,7 +618,7 @@ def _robustness(host: Host, tools: list, settings: GateSettings) -> None:
             self._step(assistant(text), "assistant text")
 
     host.inst("h")
-    with _quiet():
+    with PARSE_LOCK, _quiet():
         run_state_machine_as_test(EnvMachine, settings=hsettings(
             max_examples=settings.robustness_examples, stateful_step_count=max(host.max_turns, 5),
             derandomize=True, database=None, deadline=None, phases=[Phase.generate],

@@ -52,9 +52,10 @@ _FORMAT_WALK = re.compile(r"\{[^{}]*\.(?:__|" + "|".join(sorted(_FRAME_ATTRS)) +
 
 
 #: CPython 3.11's AST conversion keeps its recursion depth in global state: two threads parsing at
-#: once can fail with "SystemError: AST constructor recursion depth mismatch". All parsing of env
-#: code in envforge goes through ``parse``, which holds this lock.
-PARSE_LOCK = threading.Lock()
+#: once can fail with "SystemError: AST constructor recursion depth mismatch". Everything in
+#: envforge that parses Python holds this lock: ``parse`` below, and the gate's hypothesis runs
+#: (hypothesis parses sources through ``inspect.getsource``).
+PARSE_LOCK = threading.RLock()
 
 
 def parse(source: str, filename: str = "env.py") -> ast.Module:
