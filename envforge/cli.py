@@ -394,3 +394,190 @@ def _print_synth(results) -> None:
     ok = sum(r.accepted for r in results)
     paths = [r.path for r in results if r.accepted and r.path]
     out.print(f"{ok} of {len(results)} accepted" + (f": {', '.join(paths)}" if paths else ""), highlight=False)
+
+
+# ----------------------------------------------------------------------------- train, calibrate, route, eval
+# (trainers/: torch, transformers and peft are imported inside the commands only)
+
+def _need_train_extra():
+    try:
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise UsageError(f"{e.name} is not installed: these commands need the train extra "
+                         "(pip install -c constraints.txt -e '.[train]')") from None
+
+
+_backend_opt = click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
+                            show_default=True, help="Sandbox the env runs in.")
+_threads_opt = click.option("--threads", type=click.IntRange(1, 256), help="torch threads (default: torch's).")
+
+
+@main.command()
+@click.argument("envs", nargs=-1, required=True)
+@click.option("--model", "-m", required=True, help="Base model: a local folder (from_pretrained).")
+@click.option("--out", "-o", "out_dir", default="adapters", show_default=True,
+              help="Adapters go to OUT/<env slug>/ (peft safetensors, manifest.json, reward_curve.png).")
+@click.option("--iterations", type=click.IntRange(1), default=40, show_default=True, help="(paper: 40)")
+@click.option("--groups", type=click.IntRange(1), default=4, show_default=True, help="Seeds per iteration (paper: 4).")
+@click.option("--group-size", type=click.IntRange(2), default=4, show_default=True, help="Rollouts per seed (paper: 4).")
+@click.option("--lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate (paper: 1e-5).")
+@click.option("--rank", type=click.IntRange(1), default=32, show_default=True, help="LoRA rank (paper: 32).")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--kl", type=float, default=0.0, show_default=True, help="KL coefficient (0: none).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
+@_backend_opt
+@_threads_opt
+def train(envs, model, out_dir, iterations, groups, group_size, lr, rank, max_new_tokens, kl, seed,
+          device, no_resume, backend, threads):
+    """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
+    OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume."""
+    _need_train_extra()
+    from trainers.grpo import GRPOConfig, GRPOTrainer
+    from trainers.policy import load_policy, set_threads
+
+    from envforge.gym import resolve
+    set_threads(threads)
+    config = GRPOConfig(iterations=iterations, num_groups=groups, group_size=group_size,
+                        learning_rate=lr, lora_rank=rank, lora_alpha=2 * rank,
+                        max_new_tokens=max_new_tokens, kl_coef=kl, seed=seed, device=device,
+                        backend=backend, threads=threads)
+
+    def show(s):
+        click.echo(f"  iter {s.iteration:3d}/{iterations}  reward {s.reward_mean:.3f} ± {s.reward_std:.3f}  "
+                   f"constant groups {s.constant_fraction:.0%}  trained {s.groups_trained}/{s.groups_collected}  "
+                   f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s"
+                   + (f"  errors {s.errors}" if s.errors else ""))
+    for env in envs:
+        slug = resolve(env).parent.name
+        out = Path(out_dir) / slug
+        click.echo(f"train {slug} -> {out}")
+        trainer = GRPOTrainer(load_policy(model, device=device), env, config, out=out, base_model=model,
+                              resume=not no_resume, progress=show)
+        if trainer.iteration:
+            click.echo(f"  resumed at iteration {trainer.iteration}")
+        result = trainer.train()
+        curve = result.manifest["reward_curve"]
+        click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+
+
+@main.command()
+@click.argument("env")
+@click.option("--model", "-m", required=True, help="Base model: a local folder.")
+@click.option("--adapter", help="Calibrate this adapter instead of the base policy.")
+@click.option("--groups", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--group-size", type=click.IntRange(2), default=16, show_default=True, help="(paper: 16)")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_backend_opt
+@_threads_opt
+def calibrate(env, model, adapter, groups, group_size, max_new_tokens, temperature, seed, as_json,
+              backend, threads):
+    """Base-policy rollouts against the paper's targets: mean reward and success in [0.2, 0.6],
+    reward std >= 0.05, at most 20% constant groups. Exit 1 when a target is missed."""
+    _need_train_extra()
+    from trainers.calibrate import CalibrationConfig, calibrate as run
+    from trainers.policy import load_policy, set_threads
+    set_threads(threads)
+    report = run(load_policy(model, adapter=adapter), env, CalibrationConfig(
+        groups=groups, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+        seed=seed, backend=backend))
+    if as_json:
+        emit_json(report)
+    else:
+        for c in report["checks"]:
+            click.echo(f"  {'ok  ' if c['ok'] else 'MISS'} {c['check']:<16} {c['value']:.3f}  target {c['target']}")
+        for a in report["advice"]:
+            click.echo(f"  - {a}")
+        click.echo("calibrated: GRPO will get a signal" if report["ok"] else "not calibrated")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@main.command()
+@click.option("--model", "-m", required=True, help="Base model: a local folder.")
+@click.option("--adapters", "-a", required=True, help="A folder of adapters (as `envforge train` writes).")
+@click.option("--task", "tasks", multiple=True, help="A task text (repeatable).")
+@click.option("--tasks", "tasks_file", help="A file of tasks: one per line, or JSONL with a \"task\" field.")
+@click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
+              help="Examples per capability shown to the router.")
+@_threads_opt
+def route(model, adapters, tasks, tasks_file, examples, threads):
+    """Pick an adapter (or none) per task from the base model's label-token logits; JSON out."""
+    _need_train_extra()
+    from trainers.policy import set_threads
+    from trainers.router import Router
+    texts = list(tasks)
+    if tasks_file:
+        for line in Path(tasks_file).read_text().splitlines():
+            if line.strip():
+                try:
+                    item = json.loads(line)
+                    texts.append(item["task"] if isinstance(item, dict) else str(item))
+                except (ValueError, KeyError):
+                    texts.append(line.strip())
+    if not texts:
+        raise UsageError("give --task TEXT or --tasks FILE")
+    set_threads(threads)
+    router = Router.load(model, adapters, examples=examples)
+    emit_json([router.route(t) for t in texts])
+
+
+@main.command("eval")
+@click.argument("env", required=False)
+@click.option("--model", "-m", required=True, help="Base model: a local folder.")
+@click.option("--adapter", help="Evaluate this one adapter.")
+@click.option("--adapters", help="A folder of adapters: routed per episode (or merged with --merge).")
+@click.option("--merge", is_flag=True, help="With --adapters: merge them into one instead of routing.")
+@click.option("--seeds", default="0-19", show_default=True, help="Env seeds: 'A-B' or 'a,b,c'.")
+@click.option("--tasks", "tasks_file", help="Instead of ENV: a JSON/JSONL list of {\"env\", \"seed\"}.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_backend_opt
+@_threads_opt
+def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_tokens, temperature,
+          as_json, backend, threads):
+    """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
+    --adapter, routed --adapters, or --adapters --merge."""
+    _need_train_extra()
+    from trainers.evaluate import evaluate, read_tasks
+    from trainers.policy import load_policy, set_threads
+    from trainers.router import RoutedPolicy, merged_policy
+    set_threads(threads)
+    if tasks_file:
+        tasks = read_tasks(tasks_file)
+    elif env:
+        if "-" in seeds and "," not in seeds:
+            a, b = seeds.split("-")
+            ids = list(range(int(a), int(b) + 1))
+        else:
+            ids = [int(s) for s in seeds.split(",")]
+        tasks = [{"env": env, "seed": s} for s in ids]
+    else:
+        raise UsageError("give ENV or --tasks FILE")
+    if adapters and merge:
+        policy = merged_policy(model, adapters)
+    elif adapters:
+        policy = RoutedPolicy.load(model, adapters)
+    else:
+        policy = load_policy(model, adapter=adapter)
+    result = evaluate(policy, tasks, max_new_tokens=max_new_tokens, temperature=temperature,
+                      backend=backend)
+    if as_json:
+        emit_json(result)
+        return
+    from rich.table import Table
+    table = Table(title="envforge eval")
+    for col in ("slice", "n", "mean", "95% CI"):
+        table.add_column(col)
+    rows = [("overall", result["overall"])] + list(result["per_skill"].items()) + \
+        list(result.get("per_env", {}).items())
+    for name, m in rows:
+        table.add_row(name, str(m["n"]), f"{m['mean']:.3f}" if m["mean"] is not None else "-",
+                      f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["mean"] is not None else "-")
+    console().print(table)
