@@ -456,9 +456,8 @@ def train(envs, model, out_dir, iterations, groups, group_size, lr, rank, max_ne
         out = Path(out_dir) / slug
         click.echo(f"train {slug} -> {out}")
         trainer = GRPOTrainer(load_policy(model, device=device), env, config, out=out, base_model=model,
-                              resume=not no_resume, progress=show)
-        if trainer.iteration:
-            click.echo(f"  resumed at iteration {trainer.iteration}")
+                              resume=not no_resume, progress=show,
+                              on_resume=lambda i: click.echo(f"  resumed at iteration {i}"))
         result = trainer.train()
         curve = result.manifest["reward_curve"]
         click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")

@@ -9,10 +9,8 @@ class Env(BaseEnv):
 
     def _world(self, rng):
         w = _base_world(rng, rng.randint(5, 7))
-        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
-        mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
-        key = rng.choice(mine)
-        rec = w["entities"][key]
+        skill = _skill(rng)
+        key, rec = _callers_record(rng, w)
         args = _expected(rng, w, rec, optional=PLAN["optional"][:2])
         forms = {}
         for p, f in PLAN["forms"].items():

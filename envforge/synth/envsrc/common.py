@@ -314,6 +314,18 @@ NOUN = PLAN["noun"]
 OWNER = PLAN["owner"]
 
 
+def _skill(rng):
+    """This episode's sub-skill, drawn with the SKILLS weights."""
+    return rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+
+
+def _callers_record(rng, w):
+    """One of the caller's records (any record when the target has no owners): (key, record)."""
+    mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
+    key = rng.choice(mine)
+    return key, w["entities"][key]
+
+
 def _base_world(rng, n_entities, n_owners=None):
     """Owners (when the target has them) and entities with a status and a descriptor; the caller
     is owner 0 and owns at least three entities."""

@@ -8,10 +8,8 @@ class Env(BaseEnv):
 
     def _world(self, rng):
         w = _base_world(rng, rng.randint(5, 7))
-        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
-        mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
-        key = rng.choice(mine)
-        rec = w["entities"][key]
+        skill = _skill(rng)
+        key, rec = _callers_record(rng, w)
         field = PLAN["descriptor_field"]
         args = _expected(rng, w, rec)
         details = _details(args, skip=[OWNER["param"]] if OWNER else [])

@@ -15,7 +15,7 @@ class Env(BaseEnv):
 
     def _world(self, rng):
         w = _base_world(rng, rng.randint(5, 7))
-        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+        skill = _skill(rng)
         ok, blocked = PLAN["ok_statuses"], PLAN["blocked_statuses"]
         for rec in w["entities"].values():
             rec["status"] = rng.choice(ok + blocked)

@@ -26,7 +26,7 @@ class Env(BaseEnv):
 
     def _world(self, rng):
         w = _base_world(rng, rng.randint(5, 7))
-        skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+        skill = _skill(rng)
         for rec in w["entities"].values():
             rec["line_items"] = _items(rng)
         mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
