@@ -16,7 +16,14 @@ from envforge.errors import EnvforgeError, UsageError
 
 
 class Group(click.Group):
-    """Turns envforge's errors into one clear line and the right exit code, never a traceback."""
+    """Turns envforge's errors into one clear line and the right exit code, never a traceback;
+    lists the commands in the pipeline's order."""
+
+    ORDER = ("identify", "synth", "audit", "sandbox", "calibrate", "train", "route", "eval")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), n))
 
     def invoke(self, ctx: click.Context):
         try:

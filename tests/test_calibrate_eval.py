@@ -1,0 +1,69 @@
+"""trainers.calibrate and trainers.evaluate, and the train -> calibrate -> route -> eval commands
+end to end on the example target's env (a tiny local model, process sandboxes, CPU)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.trainers_fixtures import env_dir, hermes_dir, model_root  # noqa: F401
+
+from click.testing import CliRunner  # noqa: E402
+
+from envforge.cli import main  # noqa: E402
+from tests.envfactory import GOOD_DIR  # noqa: E402
+from trainers.calibrate import report  # noqa: E402
+from trainers.rollout import Episode, mean_ci  # noqa: E402
+
+
+def eps(scores):
+    return [Episode(seed=0, score=s) for s in scores]
+
+
+def test_calibration_report_on_built_groups():
+    good = report(eps([0.0, 0.5, 1.0, 0.2] * 2), group_size=4)
+    assert good["ok"] and good["metrics"]["constant_group_fraction"] == 0.0
+    bad = report(eps([0.0] * 8 + [0.1, 0.0, 0.0, 0.0]), group_size=4)
+    assert not bad["ok"]
+    checks = {c["check"]: c for c in bad["checks"]}
+    assert not checks["mean_reward"]["ok"] and "too hard" in checks["mean_reward"]["advice"]
+    assert not checks["constant_groups"]["ok"] and "67% of groups" in checks["constant_groups"]["advice"]
+
+
+def test_mean_ci():
+    m = mean_ci([0.0, 1.0, 0.5, 0.5])
+    assert m["mean"] == 0.5 and m["ci_low"] < 0.5 < m["ci_high"] and m["n"] == 4
+    assert mean_ci([])["mean"] is None
+
+
+def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
+    run = CliRunner().invoke
+    args = ["--model", str(hermes_dir), "--backend", "process", "--threads", "1", "--max-new-tokens", "6"]
+    r = run(main, ["train", str(GOOD_DIR), "--out", str(tmp_path / "adapters"), "--iterations", "2",
+                   "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
+    assert r.exit_code == 0, r.output
+    assert "iter   2/2" in r.output and "tok/s" in r.output and "constant groups" in r.output
+    out = tmp_path / "adapters" / GOOD_DIR.name
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["capability"] == "precondition verification" and manifest["iterations"] == 2
+    # a second run resumes from the checkpoint: nothing left to do
+    r = run(main, ["train", str(GOOD_DIR), "--out", str(tmp_path / "adapters"), "--iterations", "2",
+                   "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
+    assert r.exit_code == 0 and "resumed at iteration 2" in r.output, r.output
+
+    r = run(main, ["calibrate", str(GOOD_DIR), "--groups", "1", "--group-size", "2", "--json"] + args)
+    assert r.exit_code == 1, r.output  # a random model scores 0: not calibrated, and says so
+    rep = json.loads(r.stdout)
+    assert rep["metrics"]["episodes"] == 2 and rep["advice"]
+
+    r = run(main, ["route", "--model", str(hermes_dir), "--adapters", str(tmp_path / "adapters"),
+                   "--task", "Please reset my password"])
+    assert r.exit_code == 0, r.output
+    [d] = json.loads(r.stdout)
+    assert d["choice"] in ("none", GOOD_DIR.name) and set(d["probabilities"]) == {"none", GOOD_DIR.name}
+
+    r = run(main, ["eval", str(GOOD_DIR), "--seeds", "0-2", "--adapters", str(tmp_path / "adapters"),
+                   "--json"] + args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["overall"]["n"] == 3 and len(res["routes"]) == 3 and res["per_skill"]

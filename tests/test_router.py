@@ -1,0 +1,77 @@
+"""trainers.router: the base model picks the adapter whose label it was made to prefer (a tiny
+model fine-tuned to answer "2" or "0" on routing prompts), and the routed policy applies it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.trainers_fixtures import hermes_dir, model_root  # noqa: F401
+
+import torch  # noqa: E402
+
+from trainers.policy import load_policy  # noqa: E402
+from trainers.router import NONE, RoutedPolicy, Router, find_adapters, routing_messages  # noqa: E402
+
+TASKS = ["Reset my password please.", "Extend my laptop loan LN-1 by 3 days."]
+
+
+def make_adapters(base_dir, folder):
+    from peft import LoraConfig, get_peft_model
+    for i, (name, cap) in enumerate([("a_orders", "order lookup"), ("b_checks", "precondition verification")]):
+        torch.manual_seed(i)
+        model = get_peft_model(load_policy(base_dir).model,
+                               LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+        model.save_pretrained(folder / name)
+        (folder / name / "manifest.json").write_text(json.dumps(
+            {"capability": cap, "description": f"checks {cap}", "examples": ["an example"]}))
+    return find_adapters(folder)
+
+
+def prefer(base_dir, out, adapters, label):
+    """The base model fine-tuned (all weights) to answer ``label`` to routing prompts."""
+    policy = load_policy(base_dir)
+    model = policy.model
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    target = policy.encode(label)[0]
+    prompts = [policy.encode(policy.render(routing_messages(t, adapters), add_generation_prompt=True))
+               for t in TASKS]
+    model.train()
+    for _ in range(30):
+        for ids in prompts:
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            loss = torch.nn.functional.cross_entropy(logits[None], torch.tensor([target]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("label,choice", [("2", "b_checks"), ("0", NONE)])
+def test_router_picks_the_preferred_label(hermes_dir, tmp_path, label, choice):
+    adapters = make_adapters(hermes_dir, tmp_path / "adapters")
+    base = prefer(hermes_dir, tmp_path / "base", adapters, label)
+    router = Router.load(base, tmp_path / "adapters")
+    for task in TASKS:
+        d = router.route(task)
+        assert d["choice"] == choice and d["label"] == label
+        assert set(d["probabilities"]) == {NONE, "a_orders", "b_checks"}
+        assert sum(d["probabilities"].values()) == pytest.approx(1.0)
+        assert max(d["probabilities"], key=d["probabilities"].get) == choice
+
+    routed = RoutedPolicy.load(base, tmp_path / "adapters")
+    assert routed.begin(TASKS[0])["choice"] == choice  # routing sees the base model, adapters off
+    ids = routed.encode(routed.render([{"role": "user", "content": "hi"}], add_generation_prompt=True))
+    torch.manual_seed(0)
+    out = routed.generate([ids], max_new_tokens=4)
+    assert out and routed.choice == choice
+    if choice != NONE:
+        assert routed.model.active_adapter == choice
+
+
+def test_find_adapters_says_what_is_missing(tmp_path):
+    from envforge.errors import InputError
+    with pytest.raises(InputError, match="no adapters in"):
+        find_adapters(tmp_path)

@@ -1,0 +1,460 @@
+"""Multi-turn GRPO with one LoRA adapter per capability.
+
+    config = GRPOConfig(iterations=40)                 # the paper's defaults
+    trainer = GRPOTrainer(policy, "helpdesk_precondition_verification", config, out="adapters/x")
+    result = trainer.train()                           # adapter + manifest.json + reward_curve.png
+
+One iteration: ``num_groups`` env seeds, ``group_size`` rollouts each (``trainers.rollout``:
+multi-turn, against the sandboxed env, env steps in parallel on a warm pool); groups whose
+rewards are all equal carry no gradient and are dropped and re-collected on fresh seeds (dynamic
+sampling, up to ``max_resample_rounds``); each rollout's advantage is its group-normalised reward
+``(r - mean) / (std + eps)``; the loss is the PPO-style clipped surrogate (asymmetric clip,
+DAPO's ``epsilon_high``) on the policy's own sampled tokens only (``Episode.mask``), averaged over
+all those tokens of the iteration, plus ``kl_coef`` times the k3 estimate of KL to the base
+model (the adapter disabled) when ``kl_coef > 0``.
+
+Why a loop of our own rather than TRL's ``GRPOTrainer``: see trainers/README.md. In short, TRL's
+trainer owns generation, batching and the dataloader; its ``rollout_func`` hook returns one
+prompt/completion pair per rollout, but a multi-turn episode here is one token sequence in which
+tool results and user turns sit between the policy's turns and must be masked, groups must be
+dropped and re-collected on fresh seeds, and resume must replay the exact rollouts. Those fit a
+~300-line loop over peft + torch; the loss is TRL's (same clipping, token-level averaging).
+
+Determinism: the torch generator is re-seeded from (``seed``, iteration) at the start of every
+iteration and env seeds come from a counter kept in the checkpoint, so a resumed run replays
+exactly what an uninterrupted one does (with one thread on CPU).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from envforge.errors import UsageError
+from trainers.policy import Policy, set_threads
+from trainers.rollout import Episode, EnvFactory, run_episodes
+
+CHECKPOINT = "checkpoint"
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of one GRPO run. Defaults marked (paper) come from TRACE, section 3."""
+
+    # the adapter
+    lora_rank: int = field(default=32, metadata={"help": "LoRA rank (paper: 32; the official code uses 16)."})
+    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha (scale = alpha / rank)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0 keeps rollouts and "
+                                                        "the loss deterministic)."})
+    target_modules: Any = field(default="all-linear", metadata={"help": "Modules that get LoRA "
+                                "layers: 'all-linear' or a list of module names."})
+    # rollouts
+    num_groups: int = field(default=4, metadata={"help": "Groups (env seeds) per iteration (paper: G = 4)."})
+    group_size: int = field(default=4, metadata={"help": "Rollouts per seed (paper: K = 4; official code: 16)."})
+    iterations: int = field(default=40, metadata={"help": "Training iterations (paper: 40, i.e. 640 rollouts)."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Most tokens the policy samples per turn."})
+    max_turns: int | None = field(default=None, metadata={"help": "Most policy turns per episode "
+                                  "(None: the env's own max_turns)."})
+    max_context_tokens: int = field(default=4096, metadata={"help": "An episode whose context would "
+                                    "exceed this is truncated."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling of rollouts."})
+    dynamic_sampling: bool = field(default=True, metadata={"help": "Drop groups with constant "
+                                   "rewards and re-collect on fresh seeds (official code)."})
+    max_resample_rounds: int = field(default=3, metadata={"help": "Re-collection rounds per iteration "
+                                     "before training on the groups there are."})
+    # the loss
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (paper: 1e-5)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    epsilon_low: float = field(default=0.2, metadata={"help": "Clip the ratio below at 1 - epsilon_low."})
+    epsilon_high: float = field(default=0.28, metadata={"help": "Clip the ratio above at 1 + "
+                                "epsilon_high (official code: DAPO clip 0.28)."})
+    kl_coef: float = field(default=0.0, metadata={"help": "Weight of KL to the base model (official code: 0)."})
+    updates_per_iteration: int = field(default=1, metadata={"help": "Optimizer steps on each batch "
+                                       "of rollouts (>1 makes the clipping bite)."})
+    micro_batch_size: int = field(default=4, metadata={"help": "Episodes per forward/backward pass."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (0: none)."})
+    advantage_eps: float = field(default=1e-4, metadata={"help": "Added to the group std before dividing."})
+    # the run
+    seed: int = field(default=0, metadata={"help": "Seeds LoRA init, sampling and the env seeds."})
+    first_env_seed: int = field(default=0, metadata={"help": "Env seeds are first_env_seed, +1, ..."})
+    threads: int | None = field(default=None, metadata={"help": "torch threads (None: torch's default)."})
+    device: str = field(default="cpu", metadata={"help": "'cpu', 'cuda', 'cuda:1', ..."})
+    pool_size: int | None = field(default=None, metadata={"help": "Warm sandboxes (None: one per "
+                                  "rollout of an iteration, at most 16)."})
+    backend: str = field(default="auto", metadata={"help": "Sandbox backend: auto, process, docker."})
+    call_timeout_s: float = field(default=10.0, metadata={"help": "Time limit of one env call."})
+    save_every: int = field(default=1, metadata={"help": "Checkpoint every N iterations."})
+
+    def __post_init__(self) -> None:
+        positive = ("lora_rank", "lora_alpha", "num_groups", "iterations", "max_new_tokens",
+                    "max_context_tokens", "updates_per_iteration", "micro_batch_size", "save_every")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise UsageError(f"GRPOConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.group_size, int) or self.group_size < 2:
+            raise UsageError(f"GRPOConfig.group_size must be at least 2 (a group of one has no "
+                             f"advantage: its reward equals its mean), got {self.group_size!r}")
+        if not self.learning_rate > 0:
+            raise UsageError(f"GRPOConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+        if not (0 <= self.epsilon_low < 1) or self.epsilon_high < 0:
+            raise UsageError(f"GRPOConfig.epsilon_low must be in [0, 1) and epsilon_high >= 0, got "
+                             f"{self.epsilon_low!r} and {self.epsilon_high!r}")
+        if self.kl_coef < 0:
+            raise UsageError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.temperature <= 0:
+            raise UsageError(f"GRPOConfig.temperature must be > 0 for GRPO (greedy rollouts of one "
+                             f"seed are identical), got {self.temperature!r}")
+        if not (0 < self.top_p <= 1):
+            raise UsageError(f"GRPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise UsageError(f"GRPOConfig.max_turns must be None or >= 1, got {self.max_turns!r}")
+        if self.max_resample_rounds < 0:
+            raise UsageError(f"GRPOConfig.max_resample_rounds must be >= 0, got {self.max_resample_rounds!r}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"GRPOConfig.threads must be None or >= 1, got {self.threads!r}")
+        if self.pool_size is not None and self.pool_size < 1:
+            raise UsageError(f"GRPOConfig.pool_size must be None or >= 1, got {self.pool_size!r}")
+        if self.backend not in ("auto", "process", "docker", "unsafe-inprocess"):
+            raise UsageError(f"GRPOConfig.backend must be auto, process or docker, got {self.backend!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UsageError(f"GRPOConfig.device is {self.device!r} but torch sees no CUDA device; "
+                             "use device='cpu'")
+
+    @property
+    def rollouts_per_iteration(self) -> int:
+        return self.num_groups * self.group_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- the math
+
+def group_advantages(rewards: list[float], eps: float = 1e-4) -> list[float]:
+    """``(r_i - mean) / (std + eps)`` over one group; std is the sample std (as TRL's)."""
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def is_constant(rewards: list[float], tol: float = 1e-6) -> bool:
+    return max(rewards) - min(rewards) <= tol
+
+
+def batch_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``loss_mask`` (1 on sampled tokens)."""
+    width = max(len(e.tokens) for e in episodes)
+    ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(episodes), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(episodes), width), dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        n = len(e.tokens)
+        ids[i, :n] = torch.tensor(e.tokens, dtype=torch.long)
+        attn[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(e.mask, dtype=torch.float32)
+    return ids, attn, loss_mask
+
+
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1: shape [B, T-1]."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, epsilon_low: float, epsilon_high: float,
+                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """Sum over masked tokens of the clipped surrogate (+ k3 KL): divide by the token count."""
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None]
+    per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
+    if ref_logp is not None and kl_coef > 0:
+        d = ref_logp - logp
+        per_token = per_token + kl_coef * (torch.exp(d) - d - 1)
+    return (per_token * mask).sum()
+
+
+# --------------------------------------------------------------------------- the trainer
+
+@dataclass
+class IterationStats:
+    iteration: int
+    reward_mean: float
+    reward_std: float
+    constant_fraction: float
+    groups_collected: int
+    groups_trained: int
+    episodes: int
+    generated_tokens: int
+    tokens_per_s: float
+    loss: float
+    seconds: float
+    errors: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    history: list[dict]
+    manifest: dict
+
+
+def add_adapter(model, config: GRPOConfig):
+    """``model`` wrapped with a fresh trainable LoRA adapter (peft); only it requires grad."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(config.seed)
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.target_modules, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+class GRPOTrainer:
+    """Trains one LoRA adapter on one env; see the module docstring."""
+
+    def __init__(self, policy: Policy, env: str | Path, config: GRPOConfig | None = None,
+                 out: str | Path = "adapter", *, base_model: str | None = None,
+                 unsafe_skip_gate: bool = False, resume: bool = True,
+                 progress: Callable[[IterationStats], None] | None = None,
+                 on_resume: Callable[[int], None] | None = None):
+        self.config = config or GRPOConfig()
+        self.env, self.out = env, Path(out)
+        self.base_model = base_model or policy.name
+        self.unsafe_skip_gate, self.resume, self.progress = unsafe_skip_gate, resume, progress
+        self.on_resume = on_resume
+        set_threads(self.config.threads)
+        policy.model.to(self.config.device)
+        if not hasattr(policy.model, "peft_config"):
+            policy.model = add_adapter(policy.model, self.config)
+        self.policy = policy
+        self.model = policy.model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.config.learning_rate,
+                                           weight_decay=self.config.weight_decay)
+        self.iteration, self.env_seed_counter = 0, 0
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, env_hash: str) -> Path:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+        final = self.out / CHECKPOINT
+        tmp = self.out / (CHECKPOINT + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(self.model).items()}
+        save_file(state, str(tmp / "adapter.safetensors"))
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({
+            "iteration": self.iteration, "env_seed_counter": self.env_seed_counter,
+            "history": self.history, "env_hash": env_hash, "base_model": self.base_model,
+            "config": self.config.to_dict()}, indent=1))
+        old = self.out / (CHECKPOINT + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, env_hash: str) -> bool:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+        ck = self.out / CHECKPOINT
+        if not (ck / "state.json").is_file():
+            return False
+        state = json.loads((ck / "state.json").read_text())
+        if state["env_hash"] != env_hash:
+            raise UsageError(f"{ck} was made on another version of the env (hash "
+                             f"{state['env_hash'][:12]}, now {env_hash[:12]}): pass --no-resume or "
+                             "another --out")
+        if state["base_model"] != self.base_model:
+            raise UsageError(f"{ck} was made with base model {state['base_model']}, not "
+                             f"{self.base_model}: pass --no-resume or another --out")
+        set_peft_model_state_dict(self.model, load_file(str(ck / "adapter.safetensors"),
+                                                        device=str(self.config.device)))
+        self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location=self.config.device))
+        self.iteration, self.env_seed_counter = state["iteration"], state["env_seed_counter"]
+        self.history = state["history"]
+        return True
+
+    # ------------------------------------------------------------------ one iteration
+    def _next_seeds(self, n: int) -> list[int]:
+        seeds = [self.config.first_env_seed + self.env_seed_counter + i for i in range(n)]
+        self.env_seed_counter += n
+        return seeds
+
+    def collect(self, factory: EnvFactory, executor, stats: dict) -> tuple[list[list[Episode]], int, int]:
+        """Groups with a gradient (or all groups when dynamic sampling is off); also the number
+        of groups collected and of constant ones among them."""
+        c = self.config
+        kept: list[list[Episode]] = []
+        collected = constant = 0
+        for round_ in range(1 + (c.max_resample_rounds if c.dynamic_sampling else 0)):
+            want = c.num_groups - len(kept)
+            if want <= 0:
+                break
+            seeds = self._next_seeds(want)
+            episodes = run_episodes(self.policy, factory, [s for s in seeds for _ in range(c.group_size)],
+                                    max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                                    top_p=c.top_p, max_turns=c.max_turns,
+                                    max_context_tokens=c.max_context_tokens, executor=executor, stats=stats)
+            for g in range(want):
+                group = episodes[g * c.group_size:(g + 1) * c.group_size]
+                collected += 1
+                stats.setdefault("scores", []).extend(e.score for e in group)
+                stats["errors"] = stats.get("errors", 0) + sum(e.error is not None for e in group)
+                if is_constant([e.score for e in group]):
+                    constant += 1
+                    if c.dynamic_sampling:
+                        continue
+                kept.append(group)
+        return kept, collected, constant
+
+    def update(self, groups: list[list[Episode]]) -> float:
+        """The optimizer steps on ``groups``; returns the mean loss per token."""
+        c = self.config
+        episodes, advantages = [], []
+        for group in groups:
+            adv = group_advantages([e.score for e in group], c.advantage_eps)
+            for e, a in zip(group, adv):
+                if e.valid and a != 0.0:
+                    episodes.append(e)
+                    advantages.append(a)
+        if not episodes:
+            return 0.0
+        total_tokens = float(sum(sum(e.mask[1:]) for e in episodes)) or 1.0
+        device = self.config.device
+        batches = []
+        for i in range(0, len(episodes), c.micro_batch_size):
+            chunk = episodes[i:i + c.micro_batch_size]
+            ids, attn, mask = batch_tensors(chunk, self.policy.pad_id)
+            batch = {"ids": ids.to(device), "attn": attn.to(device), "mask": mask[:, 1:].to(device),
+                     "adv": torch.tensor(advantages[i:i + c.micro_batch_size], device=device)}
+            with torch.no_grad():
+                if c.updates_per_iteration > 1:
+                    batch["old"] = token_logprobs(self.model, batch["ids"], batch["attn"])
+                if c.kl_coef > 0:
+                    with self.model.disable_adapter():
+                        batch["ref"] = token_logprobs(self.model, batch["ids"], batch["attn"])
+            batches.append(batch)
+        self.model.train()
+        losses = []
+        for _ in range(c.updates_per_iteration):
+            self.optimizer.zero_grad(set_to_none=True)
+            running = 0.0
+            for b in batches:
+                logp = token_logprobs(self.model, b["ids"], b["attn"])
+                old = b.get("old", logp.detach())
+                loss = clipped_loss(logp, old, b["adv"], b["mask"], c.epsilon_low, c.epsilon_high,
+                                    b.get("ref"), c.kl_coef) / total_tokens
+                loss.backward()
+                running += float(loss.detach())
+            if c.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
+            self.optimizer.step()
+            losses.append(running)
+        self.model.eval()
+        return statistics.fmean(losses)
+
+    # ------------------------------------------------------------------ the run
+    def train(self) -> TrainResult:
+        from concurrent.futures import ThreadPoolExecutor
+        c = self.config
+        pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
+        with EnvFactory(self.env, size=pool_size, backend=c.backend,
+                        unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s) as factory:
+            if self.resume and self.load_checkpoint(factory.env_hash) and self.on_resume:
+                self.on_resume(self.iteration)
+            elif (self.out / CHECKPOINT).exists():
+                shutil.rmtree(self.out / CHECKPOINT)
+            meta = factory.describe()
+            with ThreadPoolExecutor(max_workers=pool_size) as executor:
+                while self.iteration < c.iterations:
+                    stats = self.iterate(factory, executor)
+                    self.history.append(stats.to_dict())
+                    if self.iteration % c.save_every == 0 or self.iteration == c.iterations:
+                        self.save_checkpoint(factory.env_hash)
+                    if self.progress:
+                        self.progress(stats)
+            manifest = self.save_adapter(factory, meta)
+        return TrainResult(self.out, self.history, manifest)
+
+    def iterate(self, factory: EnvFactory, executor) -> IterationStats:
+        c = self.config
+        torch.manual_seed(c.seed * 1_000_003 + self.iteration)
+        t0 = time.perf_counter()
+        stats: dict = {}
+        groups, collected, constant = self.collect(factory, executor, stats)
+        loss = self.update(groups)
+        self.iteration += 1
+        scores = stats.get("scores", [])
+        gen_s = stats.get("generate_s", 0.0)
+        return IterationStats(
+            iteration=self.iteration, reward_mean=statistics.fmean(scores) if scores else 0.0,
+            reward_std=statistics.pstdev(scores) if scores else 0.0,
+            constant_fraction=constant / collected if collected else 0.0,
+            groups_collected=collected, groups_trained=len(groups), episodes=len(scores),
+            generated_tokens=stats.get("generated_tokens", 0),
+            tokens_per_s=stats.get("generated_tokens", 0) / gen_s if gen_s else 0.0,
+            loss=loss, seconds=time.perf_counter() - t0, errors=stats.get("errors", 0))
+
+    def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
+        """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""
+        from envforge import __version__
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(self.out))
+        env_manifest = {}
+        try:
+            env_manifest = json.loads((factory.path.parent / "manifest.json").read_text())
+        except (OSError, ValueError):
+            pass
+        manifest = {
+            "capability": meta.get("capability"),
+            "description": env_manifest.get("description") or env_manifest.get("capability_description", ""),
+            "examples": env_manifest.get("examples", [])[:3],
+            "skills": meta.get("skills"),
+            "env": str(factory.path.parent), "env_hash": factory.env_hash,
+            "target": env_manifest.get("target"),
+            "base_model": self.base_model, "config": self.config.to_dict(),
+            "iterations": self.iteration,
+            "reward_curve": [h["reward_mean"] for h in self.history],
+            "history": self.history, "envforge_version": __version__,
+        }
+        (self.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        plot_reward_curve(self.history, self.out / "reward_curve.png", title=str(meta.get("capability")))
+        return manifest
+
+
+def plot_reward_curve(history: list[dict], path: Path, title: str = "") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = [h["iteration"] for h in history]
+    mean = [h["reward_mean"] for h in history]
+    std = [h["reward_std"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(xs, mean, marker="o", ms=3, label="mean reward")
+    ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                    alpha=0.2, label="± std")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("episode reward")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"GRPO: {title}" if title else "GRPO")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,204 @@
+"""Multi-turn rollouts of a policy against a sandboxed env, token by token.
+
+``run_episodes(policy, envs, seeds, ...)`` plays one episode per seed in lockstep: each turn, one
+batched generation for every live episode, then every env step at once on a thread pool (the
+sandboxes of a ``SandboxPool`` do the env work in their own processes, in parallel). Episodes run
+in waves of at most ``envs.size`` (each live episode holds one sandbox).
+
+An ``Episode`` keeps the exact token sequence the policy saw and sampled: ``tokens`` with
+``mask`` 1 on the policy's own sampled tokens and 0 on everything else (system and user turns,
+tool results, template glue, an end-of-turn token forced after a cut generation). A failure at
+the env or sandbox boundary ends that episode with the reward earned so far and ``error`` set: a
+bad rollout is data, not a crash.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envforge.errors import EnvforgeError
+
+SUCCESS = 1.0 - 1e-6  # an episode whose score reaches this is a success
+
+
+@dataclass
+class Episode:
+    seed: int
+    messages: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    score: float = 0.0
+    turns: int = 0
+    skill: str | None = None
+    error: str | None = None
+    done: bool = False
+    tools: list = field(default_factory=list)
+    env: Any = None
+
+    @property
+    def generated(self) -> int:
+        return int(sum(self.mask))
+
+    @property
+    def valid(self) -> bool:
+        """Has at least one sampled token (an episode that failed at reset has none)."""
+        return self.generated > 0
+
+    def task(self) -> str:
+        """The episode's task as a person would state it: its first user message."""
+        return next((m.get("content") or "" for m in self.messages if m.get("role") == "user"), "")
+
+    def summary(self) -> dict:
+        return {"seed": self.seed, "score": self.score, "turns": self.turns, "skill": self.skill,
+                "error": self.error, "generated_tokens": self.generated}
+
+
+class EnvFactory:
+    """Sandboxed instances of one env, leased from a warm ``SandboxPool``."""
+
+    def __init__(self, env: str | Path, size: int = 4, backend: str = "auto",
+                 unsafe_skip_gate: bool = False, **limits: Any):
+        import envforge
+        from envforge.gym import gate_check, resolve
+        self.path = resolve(env)
+        raw = self.path.read_bytes()
+        self.env_hash = hashlib.sha256(raw).hexdigest()
+        self.source = raw.decode("utf-8") if unsafe_skip_gate else gate_check(self.path)
+        self.size = size
+        self.pool = envforge.make_pool(self.path, size=size, backend=backend,
+                                       unsafe_skip_gate=unsafe_skip_gate, **limits)
+        self.meta: dict = {}
+
+    def make(self):
+        from envforge.gym import SandboxEnv
+        env = SandboxEnv(self.source, pool=self.pool)
+        self.meta = {"capability": env.capability, "skills": env.skills, "max_turns": env.max_turns}
+        return env
+
+    def describe(self) -> dict:
+        """capability, skills, max_turns (starts one env briefly when none was made yet)."""
+        if not self.meta:
+            self.make().close()
+        return self.meta
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> "EnvFactory":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _reset(ep: Episode, factory: EnvFactory, policy) -> None:
+    try:
+        ep.env = factory.make()
+        obs, info = ep.env.reset(seed=ep.seed)
+        ep.messages = list(obs["messages"])
+        ep.tools = ep.env.tools
+        ep.skill = info.get("skill") if isinstance(info, dict) else None
+    except EnvforgeError as e:
+        ep.error, ep.done = f"reset: {e}", True
+
+
+def _step(ep: Episode, action: dict) -> tuple | None:
+    try:
+        return ep.env.step(action)
+    except EnvforgeError as e:
+        ep.error, ep.done = f"step {ep.turns + 1}: {e}", True
+        return None
+
+
+def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_tokens: int = 256,
+                 temperature: float = 1.0, top_p: float = 1.0, max_turns: int | None = None,
+                 max_context_tokens: int = 4096, executor: ThreadPoolExecutor | None = None,
+                 stats: dict | None = None) -> list[Episode]:
+    """One episode per seed (repeat a seed for a group); see the module docstring."""
+    own = executor is None
+    executor = executor or ThreadPoolExecutor(max_workers=max(1, factory.size))
+    episodes: list[Episode] = []
+    try:
+        for start in range(0, len(seeds), factory.size):
+            wave = [Episode(s) for s in seeds[start:start + factory.size]]
+            _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p,
+                       max_turns, max_context_tokens, stats if stats is not None else {})
+            episodes += wave
+    finally:
+        if own:
+            executor.shutdown(wait=True)
+    return episodes
+
+
+def _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p, max_turns,
+               max_context_tokens, stats) -> None:
+    try:
+        list(executor.map(lambda ep: _reset(ep, factory, policy), wave))
+        for ep in wave:
+            if not ep.done:
+                ep.tokens = policy.encode(policy.render(ep.messages, ep.tools, add_generation_prompt=True))
+                ep.mask = [0] * len(ep.tokens)
+        while True:
+            live = [ep for ep in wave if not ep.done]
+            if not live:
+                return
+            t0 = time.perf_counter()
+            gens = policy.generate([ep.tokens for ep in live], max_new_tokens=max_new_tokens,
+                                   temperature=temperature, top_p=top_p)
+            stats["generate_s"] = stats.get("generate_s", 0.0) + time.perf_counter() - t0
+            stats["generated_tokens"] = stats.get("generated_tokens", 0) + sum(len(g.tokens) for g in gens)
+            actions = []
+            for ep, gen in zip(live, gens):
+                ep.tokens += gen.tokens
+                ep.mask += [1] * len(gen.tokens)
+                if not gen.finished:
+                    ep.tokens.append(policy.eot_id)
+                    ep.mask.append(0)
+                actions.append(policy.parse(gen.text))
+            t0 = time.perf_counter()
+            results = list(executor.map(_step, live, actions))
+            stats["env_s"] = stats.get("env_s", 0.0) + time.perf_counter() - t0
+            for ep, action, res in zip(live, actions, results):
+                if res is None:
+                    continue
+                obs, reward, terminated, truncated, _info = res
+                ep.turns += 1
+                ep.score = min(1.0, max(0.0, ep.score + float(reward)))
+                new = list(obs.get("messages") or [])
+                over = (max_turns is not None and ep.turns >= max_turns)
+                if terminated or truncated or over:
+                    ep.messages += [action] + new
+                    ep.done = True
+                    continue
+                glue = policy.continuation(ep.messages, action, new, ep.tools)
+                ep.messages += [action] + new
+                ids = policy.encode(glue)
+                ep.tokens += ids
+                ep.mask += [0] * len(ids)
+                if len(ep.tokens) + max_new_tokens > max_context_tokens:
+                    ep.done = True  # out of context: truncated
+    finally:
+        for ep in wave:
+            if ep.env is not None:
+                ep.env.close()
+                ep.env = None
+
+
+# --------------------------------------------------------------------------- statistics
+
+def mean_ci(values: list[float], z: float = 1.96) -> dict:
+    """Mean with a normal-approximation 95% confidence interval (half-width z * s / sqrt(n))."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "ci_low": None, "ci_high": None, "std": None}
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = z * std / math.sqrt(n) if n > 1 else 0.0
+    return {"n": n, "mean": mean, "ci_low": max(0.0, mean - half), "ci_high": min(1.0, mean + half),
+            "std": std}

@@ -1,0 +1,166 @@
+"""Routing: the base model picks one adapter (or none) per task from label-token logits.
+
+    router = Router.load("models/base", "adapters/")        # every adapters/<slug>/ with manifest.json
+    router.route("My laptop loan ends Friday, extend it")   # {"choice": "helpdesk_...", "probabilities": {...}}
+    policy = RoutedPolicy.load("models/base", "adapters/")
+    policy.begin("task text")                               # the chosen adapter for the whole episode
+
+The prompt (one user turn through the model's chat template) lists the task, one numbered option
+per adapter (its capability, description and up to ``examples`` examples from identify when the
+adapter's manifest has them) and option 0, "none of these" (the base model). The next-token
+logits of the labels "0", "1", ... decide (TRACE section 4); their softmax is reported as the
+label probabilities. At most 9 adapters (one-digit labels).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envforge.errors import InputError, UsageError
+from trainers.policy import Policy, load_policy
+
+NONE = "none"
+
+
+@dataclass
+class AdapterInfo:
+    name: str
+    path: Path
+    capability: str
+    description: str = ""
+    examples: list | None = None
+
+
+def find_adapters(folder: str | Path) -> list[AdapterInfo]:
+    """Adapters in ``folder`` (itself one, or its sub-folders), sorted by name."""
+    folder = Path(folder)
+    dirs = [folder] if (folder / "adapter_config.json").is_file() else sorted(
+        d for d in folder.iterdir() if (d / "adapter_config.json").is_file()) if folder.is_dir() else []
+    if not dirs:
+        raise InputError(f"no adapters in {folder}: want folders with adapter_config.json and "
+                         "manifest.json, as `envforge train --out` writes")
+    out = []
+    for d in dirs:
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            m = {}
+        out.append(AdapterInfo(d.name, d, m.get("capability") or d.name, m.get("description") or "",
+                               m.get("examples") or []))
+    return out
+
+
+def routing_messages(task: str, adapters: list[AdapterInfo], examples: int = 2) -> list[dict]:
+    lines = ["Which skill does this task need most? Answer with the option number only.", "",
+             f"Task: {task}", "", "Options:", f"0: {NONE} of these"]
+    for i, a in enumerate(adapters, 1):
+        text = f"{i}: {a.capability}"
+        if a.description:
+            text += f" - {a.description}"
+        lines.append(text)
+        for ex in (a.examples or [])[:examples]:
+            lines.append(f"   example: {ex if isinstance(ex, str) else json.dumps(ex)[:300]}")
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+class Router:
+    def __init__(self, policy: Policy, adapters: list[AdapterInfo], examples: int = 2):
+        if len(adapters) > 9:
+            raise UsageError(f"the router takes at most 9 adapters (one-digit labels), got {len(adapters)}")
+        self.policy, self.adapters, self.examples = policy, adapters, examples
+        self.labels = [str(i) for i in range(len(adapters) + 1)]
+        ids = []
+        for label in self.labels:
+            toks = policy.encode(label)
+            ids.append(toks[0])
+        if len(set(ids)) != len(ids):
+            raise InputError("the tokenizer gives two labels the same first token; cannot route")
+        self.label_ids = ids
+
+    @classmethod
+    def load(cls, model: str | Path, adapters: str | Path, **kw: Any) -> "Router":
+        return cls(load_policy(model), find_adapters(adapters), **kw)
+
+    @torch.no_grad()
+    def route(self, task: str) -> dict:
+        """``{"task", "choice" (adapter name or "none"), "label", "probabilities" {name: p}}``."""
+        p = self.policy
+        text = p.render(routing_messages(task, self.adapters, self.examples), add_generation_prompt=True)
+        ids = torch.tensor([p.encode(text)], device=p.device)
+        model = p.model
+        ctx = model.disable_adapter() if hasattr(model, "disable_adapter") and getattr(
+            model, "peft_config", None) else _Null()
+        with ctx:
+            logits = model(input_ids=ids).logits[0, -1].float()
+        label_logits = logits[self.label_ids]
+        probs = torch.softmax(label_logits, dim=-1).tolist()
+        names = [NONE] + [a.name for a in self.adapters]
+        best = int(torch.argmax(label_logits))
+        return {"task": task, "choice": names[best], "label": self.labels[best],
+                "probabilities": dict(zip(names, probs))}
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class RoutedPolicy(Policy):
+    """A policy whose model holds every adapter; ``begin(task)`` routes and applies the chosen
+    one (or none) for the whole episode."""
+
+    def __init__(self, policy: Policy, adapters: list[AdapterInfo], examples: int = 2):
+        from peft import PeftModel
+        model = policy.model
+        for i, a in enumerate(adapters):
+            if i == 0 and not hasattr(model, "peft_config"):
+                model = PeftModel.from_pretrained(model, str(a.path), adapter_name=a.name)
+            else:
+                model.load_adapter(str(a.path), adapter_name=a.name)
+        model.eval()
+        super().__init__(model, policy.tokenizer, policy.family, policy.name)
+        self.router = Router(self, adapters, examples)
+        self.choice = NONE
+
+    @classmethod
+    def load(cls, model: str | Path, adapters: str | Path, **kw: Any) -> "RoutedPolicy":
+        return cls(load_policy(model), find_adapters(adapters), **kw)
+
+    def use(self, choice: str) -> None:
+        self.choice = choice
+        if choice != NONE:
+            self.model.set_adapter(choice)
+
+    def begin(self, task: str) -> dict:
+        decision = self.router.route(task)
+        self.use(decision["choice"])
+        return decision
+
+    def generate(self, *args: Any, **kw: Any):
+        if self.choice == NONE:
+            with self.model.disable_adapter():
+                return super().generate(*args, **kw)
+        return super().generate(*args, **kw)
+
+
+def merged_policy(model: str | Path, adapters: str | Path) -> Policy:
+    """The baseline routing beat: every adapter merged into one (linear combination)."""
+    from peft import PeftModel
+    infos = find_adapters(adapters)
+    base = load_policy(model)
+    peft_model = PeftModel.from_pretrained(base.model, str(infos[0].path), adapter_name=infos[0].name)
+    for a in infos[1:]:
+        peft_model.load_adapter(str(a.path), adapter_name=a.name)
+    if len(infos) > 1:
+        peft_model.add_weighted_adapter([a.name for a in infos], [1.0 / len(infos)] * len(infos),
+                                        adapter_name="merged", combination_type="cat")
+        peft_model.set_adapter("merged")
+    peft_model.eval()
+    return Policy(peft_model, base.tokenizer, base.family, base.name)
