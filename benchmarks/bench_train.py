@@ -68,7 +68,7 @@ def bench(size: str, device: str, rollouts: int, max_new_tokens: int, threads: i
             "rollouts": rollouts, "max_new_tokens": max_new_tokens, "max_turns": 3,
             "rollouts_per_s": rollouts / wall, "generated_tokens": gen,
             "generation_tokens_per_s": gen / stats["generate_s"] if stats.get("generate_s") else 0.0,
-            "env_seconds": stats.get("env_s", 0.0), "rollout_seconds": wall,
+            "env_wait_seconds": stats.get("env_wait_s", 0.0), "rollout_seconds": wall,
             "train_step_seconds": step, "train_tokens_per_s": trained_tokens / step,
             "train_rollouts_per_s": sum(len(g) for g in groups) / step}
 

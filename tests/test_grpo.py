@@ -136,3 +136,37 @@ def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
     from safetensors.torch import load_file
     a, b = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):
+    """Two lanes take turns: one lane's env steps run on the pool while the policy generates for
+    the other lane. Recorded intervals must overlap (a lockstep loop never overlaps them)."""
+    import time as _time
+
+    import trainers.rollout as rollout
+
+    policy = load_policy(hermes_dir)
+    spans = {"env": [], "gen": []}
+    step, generate = rollout._step, policy.generate
+
+    def timed_step(ep, action):
+        t = _time.perf_counter()
+        _time.sleep(0.05)  # a slow env step, on the host side of the sandbox call
+        out = step(ep, action)
+        spans["env"].append((t, _time.perf_counter()))
+        return out
+
+    def timed_generate(*a, **k):
+        t = _time.perf_counter()
+        out = generate(*a, **k)
+        spans["gen"].append((t, _time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(rollout, "_step", timed_step)
+    monkeypatch.setattr(policy, "generate", timed_generate)
+    with EnvFactory(env_dir, size=4, backend="process") as factory:
+        episodes = run_episodes(policy, factory, [1, 1, 2, 2], max_new_tokens=4)
+    assert all(ep.error is None for ep in episodes)
+    assert len(spans["gen"]) >= 2 and spans["env"]
+    overlaps = [(e, g) for e in spans["env"] for g in spans["gen"] if e[0] < g[1] and g[0] < e[1]]
+    assert overlaps, f"no env step ran during a generation: {spans}"

@@ -5,7 +5,7 @@
     result = trainer.train()                           # adapter + manifest.json + reward_curve.png
 
 One iteration: ``num_groups`` env seeds, ``group_size`` rollouts each (``trainers.rollout``:
-multi-turn, against the sandboxed env, env steps in parallel on a warm pool); groups whose
+multi-turn, against the sandboxed env, env steps in parallel on a warm pool, overlapping generation); groups whose
 rewards are all equal carry no gradient and are dropped and re-collected on fresh seeds (dynamic
 sampling, up to ``max_resample_rounds``); each rollout's advantage is its group-normalised reward
 ``(r - mean) / (std + eps)``; the loss is the PPO-style clipped surrogate (asymmetric clip,

@@ -1,9 +1,10 @@
 """Multi-turn rollouts of a policy against a sandboxed env, token by token.
 
-``run_episodes(policy, envs, seeds, ...)`` plays one episode per seed in lockstep: each turn, one
-batched generation for every live episode, then every env step at once on a thread pool (the
-sandboxes of a ``SandboxPool`` do the env work in their own processes, in parallel). Episodes run
-in waves of at most ``envs.size`` (each live episode holds one sandbox).
+``run_episodes(policy, envs, seeds, ...)`` plays one episode per seed. A wave's episodes form two
+lanes that take turns: one batched generation for a lane's live episodes, then its env steps go
+to a thread pool (the sandboxes of a ``SandboxPool`` do the env work in their own processes, in
+parallel) while the policy generates for the other lane, so env work overlaps generation.
+Episodes run in waves of at most ``envs.size`` (each live episode holds one sandbox).
 
 An ``Episode`` keeps the exact token sequence the policy saw and sampled: ``tokens`` with
 ``mask`` 1 on the policy's own sampled tokens and 0 on everything else (system and user turns,
@@ -138,56 +139,79 @@ def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_token
 
 def _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p, max_turns,
                max_context_tokens, stats) -> None:
+    """Two lanes (alternate episodes) take turns: while one lane's env steps run on the pool,
+    the policy generates for the other lane, so env work overlaps generation."""
     try:
         list(executor.map(lambda ep: _reset(ep, factory, policy), wave))
         for ep in wave:
             if not ep.done:
                 ep.tokens = policy.encode(policy.render(ep.messages, ep.tools, add_generation_prompt=True))
                 ep.mask = [0] * len(ep.tokens)
+        lanes = [wave[0::2], wave[1::2]]
+        pending: list[list | None] = [None, None]   # per lane: [(episode, action, future)]
         while True:
-            live = [ep for ep in wave if not ep.done]
-            if not live:
+            progressed = False
+            for lane in (0, 1):
+                if pending[lane] is not None:
+                    t0 = time.perf_counter()
+                    done = [(ep, action, fut.result()) for ep, action, fut in pending[lane]]
+                    stats["env_wait_s"] = stats.get("env_wait_s", 0.0) + time.perf_counter() - t0
+                    pending[lane] = None
+                    for ep, action, res in done:
+                        _apply(policy, ep, action, res, max_turns, max_new_tokens, max_context_tokens)
+                live = [ep for ep in lanes[lane] if not ep.done]
+                if not live:
+                    continue
+                progressed = True
+                actions = _generate(policy, live, max_new_tokens, temperature, top_p, stats)
+                pending[lane] = [(ep, a, executor.submit(_step, ep, a)) for ep, a in zip(live, actions)]
+            if not progressed and pending == [None, None]:
                 return
-            t0 = time.perf_counter()
-            gens = policy.generate([ep.tokens for ep in live], max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p)
-            stats["generate_s"] = stats.get("generate_s", 0.0) + time.perf_counter() - t0
-            stats["generated_tokens"] = stats.get("generated_tokens", 0) + sum(len(g.tokens) for g in gens)
-            actions = []
-            for ep, gen in zip(live, gens):
-                ep.tokens += gen.tokens
-                ep.mask += [1] * len(gen.tokens)
-                if not gen.finished:
-                    ep.tokens.append(policy.eot_id)
-                    ep.mask.append(0)
-                actions.append(policy.parse(gen.text))
-            t0 = time.perf_counter()
-            results = list(executor.map(_step, live, actions))
-            stats["env_s"] = stats.get("env_s", 0.0) + time.perf_counter() - t0
-            for ep, action, res in zip(live, actions, results):
-                if res is None:
-                    continue
-                obs, reward, terminated, truncated, _info = res
-                ep.turns += 1
-                ep.score = min(1.0, max(0.0, ep.score + float(reward)))
-                new = list(obs.get("messages") or [])
-                over = (max_turns is not None and ep.turns >= max_turns)
-                if terminated or truncated or over:
-                    ep.messages += [action] + new
-                    ep.done = True
-                    continue
-                glue = policy.continuation(ep.messages, action, new, ep.tools)
-                ep.messages += [action] + new
-                ids = policy.encode(glue)
-                ep.tokens += ids
-                ep.mask += [0] * len(ids)
-                if len(ep.tokens) + max_new_tokens > max_context_tokens:
-                    ep.done = True  # out of context: truncated
     finally:
         for ep in wave:
             if ep.env is not None:
                 ep.env.close()
                 ep.env = None
+
+
+def _generate(policy, live: list[Episode], max_new_tokens, temperature, top_p, stats) -> list[dict]:
+    """One batched generation for ``live``; appends the sampled tokens; returns the actions."""
+    t0 = time.perf_counter()
+    gens = policy.generate([ep.tokens for ep in live], max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_p=top_p)
+    stats["generate_s"] = stats.get("generate_s", 0.0) + time.perf_counter() - t0
+    stats["generated_tokens"] = stats.get("generated_tokens", 0) + sum(len(g.tokens) for g in gens)
+    actions = []
+    for ep, gen in zip(live, gens):
+        ep.tokens += gen.tokens
+        ep.mask += [1] * len(gen.tokens)
+        if not gen.finished:
+            ep.tokens.append(policy.eot_id)
+            ep.mask.append(0)
+        actions.append(policy.parse(gen.text))
+    return actions
+
+
+def _apply(policy, ep: Episode, action: dict, res: tuple | None, max_turns, max_new_tokens,
+           max_context_tokens) -> None:
+    """Take one env step's result into the episode: score, messages, the masked continuation."""
+    if res is None:
+        return
+    obs, reward, terminated, truncated, _info = res
+    ep.turns += 1
+    ep.score = min(1.0, max(0.0, ep.score + float(reward)))
+    new = list(obs.get("messages") or [])
+    if terminated or truncated or (max_turns is not None and ep.turns >= max_turns):
+        ep.messages += [action] + new
+        ep.done = True
+        return
+    glue = policy.continuation(ep.messages, action, new, ep.tools)
+    ep.messages += [action] + new
+    ids = policy.encode(glue)
+    ep.tokens += ids
+    ep.mask += [0] * len(ids)
+    if len(ep.tokens) + max_new_tokens > max_context_tokens:
+        ep.done = True  # out of context: truncated
 
 
 # --------------------------------------------------------------------------- statistics
