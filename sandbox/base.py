@@ -61,6 +61,34 @@ def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list
     return poller.poll(max(timeout_s, 0.0) * 1000) if timeout_s > 0 else []
 
 
+class LineBuffer:
+    """Bytes received from a runner, cut into protocol lines; scans each byte for a newline once."""
+
+    def __init__(self) -> None:
+        self.data, self._scanned = bytearray(), 0
+
+    def __iadd__(self, chunk: bytes) -> "LineBuffer":
+        self.data += chunk
+        return self
+
+    def pop_line(self, max_bytes: int) -> bytes | None:
+        """The next complete line (without its newline), or None while there is none.
+
+        Raises SandboxProtocolError when a line is, or is growing, longer than ``max_bytes``."""
+        nl = self.data.find(b"\n", self._scanned)
+        if nl < 0:
+            self._scanned = len(self.data)
+            if len(self.data) > max_bytes:
+                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+            return None
+        line = bytes(self.data[:nl])
+        del self.data[:nl + 1]
+        self._scanned = 0
+        if len(line) > max_bytes:
+            raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+        return line
+
+
 class Transport(ABC):
     """A bidirectional line stream to one runner, plus the means to kill it."""
 

@@ -67,7 +67,7 @@ from typing import Callable
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import Backend, Sandbox, Transport, poll_spinning
+from sandbox.base import Backend, LineBuffer, Sandbox, Transport, poll_spinning
 
 HERE = Path(__file__).resolve().parent
 CONTEXT = ("Dockerfile", "runner.py")
@@ -212,8 +212,7 @@ class ContainerTransport(Transport):
     def __init__(self, api, container_id: str, send_timeout_s: float):
         self.api, self.id, self.send_timeout_s = api, container_id, send_timeout_s
         self._attach_io = self._attach = self._data = None
-        self._frames, self._out, self._err = bytearray(), bytearray(), bytearray()
-        self._scanned = 0
+        self._frames, self._out, self._err = bytearray(), LineBuffer(), bytearray()
         self._eof = self._killed = self._attach_eof = False
         self.sock_dir: str | None = None
         _LIVE.add(self)
@@ -254,18 +253,7 @@ class ContainerTransport(Transport):
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
         deadline = time.monotonic() + timeout
-        while True:
-            nl = self._out.find(b"\n", self._scanned)
-            if nl >= 0:
-                line = bytes(self._out[:nl])
-                del self._out[:nl + 1]
-                self._scanned = 0
-                if len(line) > max_bytes:
-                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-                return line
-            self._scanned = len(self._out)
-            if len(self._out) > max_bytes:
-                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+        while (line := self._out.pop_line(max_bytes)) is None:
             ready = poll_spinning(self._poller, deadline - time.monotonic())
             if not ready:
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
@@ -290,6 +278,7 @@ class ContainerTransport(Transport):
                     raise SandboxCrashed("the runner exited")
                 else:
                     self._out += chunk
+        return line
 
     def _demux(self, chunk: bytes) -> None:
         """Split Docker's frames (1 byte stream, 3 zero, 4 bytes big-endian size, payload)."""

@@ -52,7 +52,7 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import Backend, Sandbox, Transport, poll_spinning
+from sandbox.base import Backend, LineBuffer, Sandbox, Transport, poll_spinning
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
 LAYERS = ("bwrap", "unshare", "none")
@@ -75,7 +75,7 @@ class PipeTransport(Transport):
         self._poll_in, self._poll_out = select.poll(), select.poll()
         self._poll_in.register(self._in, select.POLLOUT)
         self._poll_out.register(self._out, select.POLLIN)
-        self._buf, self._scanned = bytearray(), 0
+        self._buf = LineBuffer()
         self._eof = self._killed = False
         self._tail = ""
 
@@ -92,18 +92,7 @@ class PipeTransport(Transport):
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
         deadline = time.monotonic() + timeout
-        while True:
-            nl = self._buf.find(b"\n", self._scanned)
-            if nl >= 0:
-                line = bytes(self._buf[:nl])
-                del self._buf[:nl + 1]
-                self._scanned = 0
-                if len(line) > max_bytes:
-                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-                return line
-            self._scanned = len(self._buf)
-            if len(self._buf) > max_bytes:
-                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+        while (line := self._buf.pop_line(max_bytes)) is None:
             if not poll_spinning(self._poll_out, deadline - time.monotonic()):
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
             try:
@@ -114,6 +103,7 @@ class PipeTransport(Transport):
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
             self._buf += chunk
+        return line
 
     def _status(self) -> int | None:
         """The exit status without reaping (negative: killed by that signal), None if running."""
