@@ -36,6 +36,7 @@ from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, Sandbox
 
 
 SPIN_S = 200e-6
+_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy = [0]                # calls of this process waiting for a sandbox's reply
 _busy_lock = threading.Lock()
 
@@ -131,7 +132,7 @@ class Sandbox:
         self._next_id += 1
         request = {"id": self._next_id, "op": op, **fields}
         try:
-            line = json.dumps(request, allow_nan=False) + "\n"
+            line = _encode(request) + "\n"
         except (TypeError, ValueError) as e:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
@@ -154,7 +155,7 @@ class Sandbox:
             with _busy_lock:
                 _busy[0] -= 1
         try:
-            reply = json.loads(raw)
+            reply = json.loads(raw.decode())  # str: skips json's encoding sniffing
         except (json.JSONDecodeError, UnicodeDecodeError):
             self.kill()
             raise SandboxProtocolError(f"{op}: the sandbox answered a line that is not JSON: "
@@ -307,11 +308,11 @@ class InProcessTransport(Transport):
             raise SandboxCrashed("the in-process runner was killed")
         rid = None
         try:
-            req = json.loads(data)
+            req = json.loads(data.decode())
             rid = req.get("id") if isinstance(req, dict) else None
             if not isinstance(req, dict):
                 raise Failure("protocol", "a request must be a JSON object")
-            reply = '{"id":%s,"ok":true,"value":%s}' % (json.dumps(rid), self.runner.handle(req))
+            reply = '{"id":%s,"ok":true,"value":%s}' % (_encode(rid), self.runner.handle(req))
         except BaseException as e:
             if isinstance(e, Failure) and e.error["type"] == "KeyboardInterrupt":
                 raise KeyboardInterrupt from None  # Ctrl-C reached env code: stop, as a host must

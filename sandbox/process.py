@@ -80,7 +80,17 @@ class PipeTransport(Transport):
         self._tail = ""
 
     def send(self, data: bytes) -> None:
-        view, deadline = memoryview(data), time.monotonic() + self.send_timeout_s
+        try:
+            sent = os.write(self._in, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:  # BrokenPipeError: the runner is gone
+            raise SandboxCrashed(f"the runner is gone ({e.__class__.__name__})") from None
+        if sent < len(data):  # a request longer than the pipe's free space
+            self._send_rest(memoryview(data)[sent:])
+
+    def _send_rest(self, view: memoryview) -> None:
+        deadline = time.monotonic() + self.send_timeout_s
         while view:
             try:
                 view = view[os.write(self._in, view):]
@@ -102,6 +112,10 @@ class PipeTransport(Transport):
             if not chunk:
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
+            if chunk[-1:] == b"\n" and not self._buf.data and chunk.find(b"\n") == len(chunk) - 1:
+                if len(chunk) > max_bytes + 1:  # the usual case: exactly one whole line came
+                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+                return chunk[:-1]
             self._buf += chunk
         return line
 
