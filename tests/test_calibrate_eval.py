@@ -67,3 +67,10 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["overall"]["n"] == 3 and len(res["routes"]) == 3 and res["per_skill"]
+
+    r = run(main, ["eval", str(GOOD_DIR), "--seeds", "0,1", "--adapters", str(tmp_path / "adapters"),
+                   "--merge", "--json"] + args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert f"merged({GOOD_DIR.name})" in res["policy"] and res["overall"]["n"] == 2
+    assert "routes" not in res  # merged: one policy for every episode, no routing

@@ -75,3 +75,25 @@ def test_find_adapters_says_what_is_missing(tmp_path):
     from envforge.errors import InputError
     with pytest.raises(InputError, match="no adapters in"):
         find_adapters(tmp_path)
+
+
+def test_merged_policy_applies_the_mean_of_the_adapters_changes(hermes_dir, tmp_path):
+    """--merge: the merged model equals the base with the mean of the adapters' weight changes
+    (built here independently: each adapter merged into the base, state dicts averaged)."""
+    from peft import PeftModel
+    from trainers.router import merged_policy
+    make_adapters(hermes_dir, tmp_path / "adapters")
+    merged = merged_policy(hermes_dir, tmp_path / "adapters")
+    assert "merged(a_orders, b_checks)" in merged.name
+    states = []
+    for name in ("a_orders", "b_checks"):
+        m = PeftModel.from_pretrained(load_policy(hermes_dir).model, str(tmp_path / "adapters" / name))
+        states.append(m.merge_and_unload().state_dict())
+    expected = load_policy(hermes_dir).model
+    expected.load_state_dict({k: (states[0][k] + states[1][k]) / 2 for k in states[0]})
+    base = load_policy(hermes_dir).model
+    ids = torch.tensor([merged.encode("Extend my laptop loan by 3 days.")])
+    with torch.no_grad():
+        got, want, plain = (m(input_ids=ids).logits for m in (merged.model, expected, base))
+    assert not torch.allclose(want, plain, atol=1e-4)  # the adapters do change the model
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -151,7 +151,8 @@ class RoutedPolicy(Policy):
 
 
 def merged_policy(model: str | Path, adapters: str | Path) -> Policy:
-    """The baseline routing beat: every adapter merged into one (linear combination)."""
+    """The baseline routing beat: every adapter merged into one, each weighted 1/n (peft's "cat"
+    combination: the merged weight change is exactly the mean of the adapters' changes)."""
     from peft import PeftModel
     infos = find_adapters(adapters)
     base = load_policy(model)
@@ -163,4 +164,5 @@ def merged_policy(model: str | Path, adapters: str | Path) -> Policy:
                                         adapter_name="merged", combination_type="cat")
         peft_model.set_adapter("merged")
     peft_model.eval()
-    return Policy(peft_model, base.tokenizer, base.family, base.name)
+    return Policy(peft_model, base.tokenizer, base.family,
+                  f"{base.name} + merged({', '.join(a.name for a in infos)})")
