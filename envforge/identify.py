@@ -545,15 +545,34 @@ def select(capabilities: Sequence[Capability], labels: Sequence[dict[str, str]],
         labs = [lab.get(cap.name, NA) for lab in labels]
         st = capability_stats(labs, success)
         runs = run_statistics(labs, success, config)
-        examples = list(dict.fromkeys(t.task_id for t, lab, ok in zip(trajectories, labs, success)
-                                      if lab == LACKING and not ok))
+        failing: dict[str, Trajectory] = {}  # task id -> its first failing trajectory
+        for t, lab, ok in zip(trajectories, labs, success):
+            if lab == LACKING and not ok:
+                failing.setdefault(t.task_id, t)
+        examples = list(failing)
+        tasks = list(dict.fromkeys(filter(None, map(task_text, failing.values()))))
         out.append({"name": cap.name, "description": cap.description,
                     "er_plus": _r(st["er_plus"]), "er_minus": _r(st["er_minus"]),
                     "gap": _r(st["gap"]), "coverage": _r(st["coverage"]),
                     "retained": runs["retained_in"] >= config.k,
-                    "counts": st["counts"], "examples": examples, "runs": runs})
+                    "counts": st["counts"], "examples": examples,
+                    "example_tasks": tasks[:EXAMPLE_TASKS], "runs": runs})
     out.sort(key=lambda c: (not c["retained"], -(c["gap"] if c["gap"] is not None else -2)))
     return out
+
+
+EXAMPLE_TASKS, EXAMPLE_TASK_CHARS = 3, 300
+
+
+def task_text(t: Trajectory) -> str:
+    """A trajectory's task as its user first put it (whitespace collapsed, cut to 300 chars):
+    what a router sees of a new task, so ``example_tasks`` show it what this capability's tasks
+    look like."""
+    first = next((m.get("content") for m in t.messages
+                  if m.get("role") == "user" and isinstance(m.get("content"), str)
+                  and m["content"].strip()), "")
+    text = " ".join(first.split())
+    return text if len(text) <= EXAMPLE_TASK_CHARS else text[:EXAMPLE_TASK_CHARS - 3] + "..."
 
 
 def _r(x: float | None) -> float | None:

@@ -3,6 +3,7 @@ end to end on the example target's env (a tiny local model, process sandboxes, C
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -14,6 +15,7 @@ from envforge.cli import main  # noqa: E402
 from tests.envfactory import GOOD_DIR  # noqa: E402
 from trainers.calibrate import report  # noqa: E402
 from trainers.rollout import Episode, mean_ci  # noqa: E402
+from trainers.router import find_adapters, routing_messages  # noqa: E402
 
 
 def eps(scores):
@@ -39,15 +41,23 @@ def test_mean_ci():
 def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     run = CliRunner().invoke
     args = ["--model", str(hermes_dir), "--backend", "process", "--threads", "1", "--max-new-tokens", "6"]
-    r = run(main, ["train", str(GOOD_DIR), "--out", str(tmp_path / "adapters"), "--iterations", "2",
+    env = tmp_path / "envs" / GOOD_DIR.name  # the example env, with example tasks as synth --from writes
+    shutil.copytree(GOOD_DIR, env)
+    env_manifest = json.loads((env / "manifest.json").read_text())
+    tasks = ["Reset my password, I am ravi.okafor@kestrel.example", "Grant me access to the VPN"]
+    (env / "manifest.json").write_text(json.dumps({**env_manifest, "examples": tasks}))
+    r = run(main, ["train", str(env), "--out", str(tmp_path / "adapters"), "--iterations", "2",
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0, r.output
     assert "iter   2/2" in r.output and "tok/s" in r.output and "constant groups" in r.output
     out = tmp_path / "adapters" / GOOD_DIR.name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["capability"] == "precondition verification" and manifest["iterations"] == 2
+    [info] = find_adapters(tmp_path / "adapters")  # the router shows the examples beside the capability
+    assert manifest["examples"] == info.examples == tasks
+    assert f"   example: {tasks[0]}" in routing_messages("x", [info])[0]["content"]
     # a second run resumes from the checkpoint: nothing left to do
-    r = run(main, ["train", str(GOOD_DIR), "--out", str(tmp_path / "adapters"), "--iterations", "2",
+    r = run(main, ["train", str(env), "--out", str(tmp_path / "adapters"), "--iterations", "2",
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0 and "resumed at iteration 2" in r.output, r.output
 

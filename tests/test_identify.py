@@ -159,13 +159,14 @@ def test_identify_report_shape_and_k_of_n_decides():
     assert report["trajectories"] == {"total": 40, "successes": 20, "failures": 20}
     conf = next(c for c in report["capabilities"] if c["name"] == "confirmation before write")
     assert set(conf) == {"name", "description", "er_plus", "er_minus", "gap", "coverage",
-                         "retained", "counts", "examples", "runs"}
+                         "retained", "counts", "examples", "example_tasks", "runs"}
     assert (conf["er_plus"], conf["er_minus"], conf["gap"], conf["coverage"]) == (0.05, 0.6, 0.55, 0.6)
     assert conf["retained"] and conf["runs"]["retained_in"] >= 8
     assert conf["examples"] == [f"f{i}" for i in range(12)]
+    assert conf["example_tasks"] == ["cancel R1"]  # the tasks' first user messages, deduplicated
     assert report["capabilities"][0] is conf  # kept ones first
     pre = next(c for c in report["capabilities"] if c["name"] == "precondition verification")
-    assert pre["gap"] == 0.0 and not pre["retained"] and pre["examples"] == []
+    assert pre["gap"] == 0.0 and not pre["retained"] and pre["examples"] == pre["example_tasks"] == []
     json.dumps(report)  # plain JSON
 
 
@@ -416,3 +417,12 @@ def test_cli_without_matplotlib_warns_and_writes_into_new_folders(tmp_path, monk
     assert r.exit_code == 0, r.output
     assert "warning: matplotlib is not installed; no plot drawn (pip install matplotlib)" in r.output
     assert out.is_file() and not out.with_suffix(".png").exists()
+
+
+def test_task_text_is_the_first_user_message_cut_short():
+    from envforge.identify import task_text
+    t = traj(user("  Cancel\n reservation   R1 "), say("ok"), user("and R2"))
+    assert task_text(t) == "Cancel reservation R1"
+    long = task_text(traj(user("x " * 400)))
+    assert len(long) == 300 and long.endswith("...")
+    assert task_text(traj(say("hello"))) == ""

@@ -193,7 +193,7 @@ def test_slugs():
 
 CAPS = {"capabilities": [
     {"name": "precondition verification", "description": "reads before writing", "retained": True,
-     "examples": ["t1", "t2"]},
+     "examples": ["t1", "t2"], "example_tasks": ["Reset my password please", "Extend loan LN-1"]},
     {"name": "confirmation before write", "description": "asks first", "retained": True},
     {"name": "escalation judgement", "description": "transfers when it must", "retained": True},
     {"name": "tool-call argument precision", "description": "exact ids", "retained": False},
@@ -212,6 +212,11 @@ def test_from_capabilities_json(tmp_path, out):
     assert results[2]["error"].startswith("capability 'escalation judgement' matches none of the "
                                           "template synthesizer's families; name one of:")
     assert sorted(x.name for x in out.iterdir()) == ["helpdesk_confirmation_before_write", SLUG]
+    # identify's example tasks reach the env's manifest (train copies them; the router shows them)
+    assert json.loads((out / SLUG / "manifest.json").read_text())["examples"] == [
+        "Reset my password please", "Extend loan LN-1"]
+    assert json.loads((out / "helpdesk_confirmation_before_write" / "manifest.json").read_text())[
+        "examples"] == []
     # --all takes the capabilities identify did not retain too; the accepted ones are kept
     r = invoke("synth", "--from", str(path), "--all", "-t", "example", "--out", str(out), *FAST)
     assert r.exit_code == 1
@@ -251,6 +256,7 @@ def test_load_capabilities_renders_failing_examples(tmp_path):
                                        "escalation judgement"]
     assert len(specs[0].examples) == 1 and "cancel my order" in specs[0].examples[0]
     assert specs[1].examples == [] and specs[0].description == "reads before writing"
+    assert specs[0].tasks == ["Reset my password please", "Extend loan LN-1"] and specs[1].tasks == []
     assert [s.name for s in load_capabilities(path, retained_only=False)][-1] == "tool-call argument precision"
     assert isinstance(specs[0], CapabilitySpec)
 

@@ -421,10 +421,11 @@ class GRPOTrainer:
             env_manifest = json.loads((factory.path.parent / "manifest.json").read_text())
         except (OSError, ValueError):
             pass
+        env_manifest = env_manifest if isinstance(env_manifest, dict) else {}
         manifest = {
             "capability": meta.get("capability"),
             "description": env_manifest.get("description") or env_manifest.get("capability_description", ""),
-            "examples": env_manifest.get("examples", [])[:3],
+            "examples": [e for e in env_manifest.get("examples") or [] if isinstance(e, str)][:3],
             "skills": meta.get("skills"),
             "env": str(factory.path.parent), "env_hash": factory.env_hash,
             "target": env_manifest.get("target"),

@@ -85,11 +85,13 @@ class SynthConfig:
 
 @dataclass
 class CapabilitySpec:
-    """A capability to synthesize: its name, description and failing example trajectories
-    (rendered text), as ``envforge identify`` reports them."""
+    """A capability to synthesize: its name, description, failing example trajectories
+    (rendered text, for the LLM) and example tasks (first user messages, for the router), as
+    ``envforge identify`` reports them."""
     name: str
     description: str = ""
     examples: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -204,7 +206,9 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
                     examples.append(render(t))
                 if len(examples) >= examples_per:
                     break
-        out.append(CapabilitySpec(c["name"].strip(), str(c.get("description") or ""), examples[:examples_per]))
+        tasks = [x for x in c.get("example_tasks") or [] if isinstance(x, str) and x.strip()]
+        out.append(CapabilitySpec(c["name"].strip(), str(c.get("description") or ""),
+                                  examples[:examples_per], tasks[:3]))
     return out
 
 
@@ -283,6 +287,7 @@ class _Run:
             "capability": spec.name, "slug": self.slug,
             "description": spec.description or (f"the agent {family.description}" if family else ""),
             "family": family.slug if family else None,
+            "examples": list(spec.tasks),  # identify's example tasks: the router shows them
             "target": target_spec, "target_name": target.name,
             "target_path": str(Path(target.path).resolve()) if target.path else None,
             "target_schema_hash": target.schema_hash(),
