@@ -1,6 +1,6 @@
 """Sandbox benchmark: what a step costs in each backend, starts, warm acquires, pool throughput.
 
-    python benchmarks/bench_sandbox.py [--rounds 20] [--steps 100] [--out benchmarks/results/sandbox.json]
+    python benchmarks/bench_sandbox.py [--rounds 60] [--steps 40] [--out benchmarks/results/sandbox.json]
 
 One env (generated_envs/helpdesk_precondition_verification) plays its reference solutions
 (reset, then the plan's steps) in every mode, interleaved round by round so that load on the
@@ -16,11 +16,12 @@ machine hits all modes alike:
   the two is the floor for any out-of-process design.
 
 Per-step overhead of a sandbox = its median step latency - the ``inprocess`` median (the
-boundary's cost), compared with the pipe round trip, paired by round (each round's own medians;
-the median over rounds), since this VM's speed drifts by tens of percent within seconds; the same for a ``ping`` (a message of a few
-bytes and no env code: the protocol machinery alone). Goals (issue 3): process within 1.5x the
-pipe, Docker within 3x; warm acquire under 50 ms; cold Docker start under 1 s. Prints a table
-and writes JSON.
+boundary's cost), over the pipe round trip. It is paired by round (each round's own medians, then
+the median over rounds): this VM's speed drifts by tens of percent within seconds, which a
+difference of two whole-run medians would carry. The same for a ``ping`` (a message of a few bytes
+and no env code: the protocol machinery alone). Goals (issue 3): process within 1.5x the pipe,
+Docker within 3x; warm acquire under 50 ms; cold Docker start under 1 s. Prints a table and
+writes JSON.
 """
 from __future__ import annotations
 

@@ -87,6 +87,7 @@ def main() -> None:
     if a.gpu:
         results["gpu"] = (bench("1.5b", "cuda", 16, 128, a.threads) if torch.cuda.is_available()
                           else {"skipped": "no CUDA device on this machine"})
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=2))
     for k, r in results.items():
         if k != "machine":
