@@ -63,12 +63,20 @@ def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list
 
 
 class LineBuffer:
-    """Bytes received from a runner, cut into protocol lines; scans each byte for a newline once."""
+    """Bytes received from a runner, cut into protocol lines; scans each byte for a newline once.
+    A chunk that is exactly one whole line (the usual reply) is handed back as is, uncopied."""
 
     def __init__(self) -> None:
-        self.data, self._scanned = bytearray(), 0
+        self.data, self._scanned, self._line = bytearray(), 0, None
 
     def __iadd__(self, chunk: bytes) -> "LineBuffer":
+        if (self._line is None and not self.data and chunk.endswith(b"\n")
+                and chunk.find(b"\n") == len(chunk) - 1):
+            self._line = chunk
+            return self
+        if self._line is not None:
+            self.data += self._line
+            self._line = None
         self.data += chunk
         return self
 
@@ -76,15 +84,18 @@ class LineBuffer:
         """The next complete line (without its newline), or None while there is none.
 
         Raises SandboxProtocolError when a line is, or is growing, longer than ``max_bytes``."""
-        nl = self.data.find(b"\n", self._scanned)
-        if nl < 0:
-            self._scanned = len(self.data)
-            if len(self.data) > max_bytes:
-                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-            return None
-        line = bytes(self.data[:nl])
-        del self.data[:nl + 1]
-        self._scanned = 0
+        if self._line is not None:
+            line, self._line = self._line[:-1], None
+        else:
+            nl = self.data.find(b"\n", self._scanned)
+            if nl < 0:
+                self._scanned = len(self.data)
+                if len(self.data) > max_bytes:
+                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+                return None
+            line = bytes(self.data[:nl])
+            del self.data[:nl + 1]
+            self._scanned = 0
         if len(line) > max_bytes:
             raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
         return line

@@ -112,10 +112,6 @@ class PipeTransport(Transport):
             if not chunk:
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
-            if chunk[-1:] == b"\n" and not self._buf.data and chunk.find(b"\n") == len(chunk) - 1:
-                if len(chunk) > max_bytes + 1:  # the usual case: exactly one whole line came
-                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-                return chunk[:-1]
             self._buf += chunk
         return line
 

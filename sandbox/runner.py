@@ -134,11 +134,13 @@ def json_problem(value, path, depth=0):
     return f"{type(value).__name__} at {path}"
 
 
-def survives(value):
+def round_trip(value):
+    """The JSON text of ``value`` when it survives json.dumps/json.loads unchanged, else None."""
     try:
-        return json.loads(ENCODE(value)) == value
+        text = ENCODE(value)
+        return text if json.loads(text) == value else None
     except (TypeError, ValueError, RecursionError, OverflowError):
-        return False
+        return None
 
 
 class Runner:
@@ -170,19 +172,16 @@ class Runner:
         """The JSON text of ``value``, or a "json" failure naming where it is not JSON. With
         ``names``, ``value`` is a list of that many results, checked in one encode and one decode
         (a step's five results cost little more than one), and a failure names the bad one."""
-        try:
-            text = ENCODE(value)
-            if json.loads(text) == value:
-                return text
-        except (TypeError, ValueError, RecursionError, OverflowError):
-            pass
+        text = round_trip(value)
+        if text is not None:
+            return text
         pairs = list(zip(value, names)) if names else [(value, name)]
         for v, n in pairs:
             problem = json_problem(v, n)
             if problem:
                 break
         else:  # every part is made of JSON types, yet something changes: name the first that does
-            n = next((n for v, n in pairs if not survives(v)), pairs[0][1])
+            n = next((n for v, n in pairs if round_trip(v) is None), pairs[0][1])
             problem = "it changes through json.dumps/json.loads"
         raise Failure("json", f"{op}'s {n} is not JSON: {problem}")
 

@@ -545,3 +545,25 @@ def test_a_killed_host_leaves_no_sandbox_behind(layer, tmp_path):
     while processes_marked() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_marked() == [], f"a sandbox on {layer} outlived its killed host"
+
+
+def test_line_buffer_cuts_lines_however_they_arrive():
+    from sandbox.base import LineBuffer
+    buf = LineBuffer()
+    buf += b'{"a":1}\n'                      # one whole line: handed back as is
+    assert buf.pop_line(100) == b'{"a":1}' and buf.pop_line(100) is None
+    buf += b'{"b":'                          # a line in pieces
+    assert buf.pop_line(100) is None
+    buf += b'2}\n{"c":3}\n'                  # its end and a second line in one chunk
+    assert [buf.pop_line(100), buf.pop_line(100), buf.pop_line(100)] == [b'{"b":2}', b'{"c":3}', None]
+    buf += b"x\n"                            # a whole line, then more before it is taken
+    buf += b"y\nz"
+    assert [buf.pop_line(100), buf.pop_line(100), buf.pop_line(100)] == [b"x", b"y", None]
+    buf += b"\n"
+    assert buf.pop_line(100) == b"z"
+    buf += b"0123456789\n"
+    with pytest.raises(SandboxProtocolError, match="longer than 5 bytes"):
+        buf.pop_line(5)
+    buf += b"0123456789"                     # growing past the limit without a newline
+    with pytest.raises(SandboxProtocolError, match="longer than 5 bytes"):
+        buf.pop_line(5)
