@@ -50,6 +50,10 @@ def variants() -> list[Variant]:
             def reset(self, seed):
                 return eval("_Base.reset")(self, seed)
         """), "static.builtin", "eval"),
+        v("init_raises", override("""
+            def __init__(self):
+                raise ValueError("boom in init")
+        """), "robustness", "ValueError: boom in init"),
         v("dunder_walk", override("""
             def reset(self, seed):
                 self.k = ().__class__.__bases__

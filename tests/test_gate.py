@@ -6,7 +6,7 @@ import pytest
 from envforge.contract import Limits
 from envforge.gate import audit
 from envforge.gate.dynamic import GateSettings
-from tests.envfactory import GOOD_DIR, good_source, variants, write_env
+from tests.envfactory import GOOD_DIR, good_source, replace, variants, write_env
 
 FAST = GateSettings(seeds=12, robustness_examples=15, replay_random=4,
                     limits=Limits(call_timeout_s=1.0, memory_mb=512))
@@ -48,6 +48,27 @@ def test_static_only_runs_no_code(tmp_path):
     hang = next(v for v in variants() if v.name == "hang").source
     report = audit(write_env(tmp_path / "h", hang), static_only=True, settings=FAST, write_report=False)
     assert report.verdict == "accept" and "dynamic" not in report.stages
+
+
+def test_static_only_checks_the_schema_however_tools_is_written(tmp_path):
+    """Env.tools annotated or inherited is still read and compared; one the static stage cannot
+    read is said to be unchecked, never silently passed."""
+    drifted = replace("Look up an employee by their work email", "Find an employee by their email")
+    for spelling in ("    tools: list = TOOLS\n", "    tools = TOOLS\n"):
+        src = drifted.replace("    tools = TOOLS\n", spelling, 1)
+        report = audit(write_env(tmp_path / str(len(spelling)), src), static_only=True, write_report=False)
+        assert report.verdict == "reject"
+        assert any(f.check == "schema.fidelity" and f.severity == "error" for f in report.findings)
+    computed = good_source().replace("    tools = TOOLS\n", "    tools = list(TOOLS)\n", 1)
+    report = audit(write_env(tmp_path / "computed", computed), static_only=True, write_report=False)
+    [w] = [f for f in report.findings if f.check == "schema.fidelity"]
+    assert w.severity == "warning" and "not a literal" in w.message
+
+
+def test_a_bom_env_runs_as_python_runs_it(tmp_path):
+    folder = write_env(tmp_path / "bom", b"\xef\xbb\xbf" + good_source().encode())
+    report = audit(folder, settings=FAST, write_report=False)
+    assert report.verdict == "accept", [f.to_dict() for f in report.findings]
 
 
 def test_report_json_is_written_beside_the_env(tmp_path):

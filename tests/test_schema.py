@@ -4,7 +4,8 @@ import json
 import pytest
 
 from envforge.contract import tool_call
-from envforge.gate.schema import call_problem, check_schema, tools_from_source
+from envforge.gate.schema import call_problem, check_schema
+from envforge.gate.static import audit_static
 from envforge.targets import load_target
 from tests.conftest import TARGETS, needs_shared
 
@@ -63,6 +64,11 @@ def test_key_order_and_whitespace_do_not_matter(target):
     assert check_schema([tool], target) == []
 
 
+def tools_from_source(source: str):
+    """What the static stage reads of Env.tools (the schema check compares it with the target)."""
+    return audit_static(source).shape["tools"]
+
+
 def test_tools_from_source_literal_and_name():
     src = "TOOLS = [{'type': 'function', 'function': {'name': 'a'}}]\nclass Env:\n    tools = TOOLS\n"
     assert tools_from_source(src) == [{"type": "function", "function": {"name": "a"}}]
@@ -70,6 +76,10 @@ def test_tools_from_source_literal_and_name():
     assert tools_from_source("class Env:\n    tools = make()\n") is None  # needs the sandbox
     assert tools_from_source("x = (") is None
     assert tools_from_source("x = 1") is None
+    # annotated, inherited, and behind a BOM: read the same way the contract check reads them
+    assert tools_from_source("class Env:\n    tools: list = [1]\n") == [1]
+    assert tools_from_source("T = [2]\nclass Base:\n    tools = T\nclass Env(Base):\n    pass\n") == [2]
+    assert tools_from_source("\ufeffclass Env:\n    tools = [3]\n".encode()) == [3]
 
 
 def test_call_problem(target):

@@ -97,9 +97,13 @@ def test_clean_env_passes_with_no_findings_and_its_shape_is_learnt():
     result = audit_static(CLEAN)
     assert result.findings == []
     assert result.ok
-    assert result.shape == {"capability": "precondition verification",
-                            "skills": {"status_check": 0.6, "owner_check": 0.4},
-                            "has_env": True, "max_turns": 10, "docstring": True}
+    shape = dict(result.shape)
+    tools = shape.pop("tools")
+    assert shape == {"capability": "precondition verification",
+                     "skills": {"status_check": 0.6, "owner_check": 0.4},
+                     "has_env": True, "max_turns": 10, "docstring": True}
+    assert tools == [{"type": "function", "function": {"name": "get_order_details", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}]
 
 
 def test_bytes_source_is_audited_like_text():

@@ -23,7 +23,9 @@ from typing import Callable
 
 from envforge.contract import CHECKS, Report, warning
 from envforge.errors import InputError, UsageError
-from envforge.gate.dynamic import GateSettings
+from envforge.gate.dynamic import GateSettings, run_dynamic
+from envforge.gate.schema import check_schema
+from envforge.gate.static import audit_static
 from envforge.targets import Target, load_target
 
 UNPARSABLE = {"input", "static.syntax", "static.size"}
@@ -72,8 +74,6 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
           backend: str = "auto", settings: GateSettings | None = None, write_report: bool = True,
           progress: Callable[[str], None] | None = None) -> Report:
     """Audit one env (folder or env.py) and return its report; writes report.json beside it."""
-    from envforge.gate.schema import check_schema, tools_from_source
-    from envforge.gate.static import audit_static
 
     env_file = resolve_env(path)
     try:
@@ -90,22 +90,24 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
     report.findings += static.findings
     report.stages["static"] = time.perf_counter() - t0
     parsable = not any(f.check in UNPARSABLE for f in static.findings)
-    source = raw.decode("utf-8", errors="replace")
 
     t0 = time.perf_counter()
-    tools = tools_from_source(source) if parsable else None
+    tools = static.shape["tools"]
     if tgt is None:
         report.findings.append(warning("schema.fidelity", f"schema fidelity not checked: {why}"))
     elif tools is not None:
         report.findings += check_schema(tools, tgt)
+    elif static_only and static.shape["has_env"]:
+        report.findings.append(warning("schema.fidelity", "schema fidelity not checked: Env.tools "
+                                       "is not a literal, so only the dynamic stage can read it "
+                                       "(run without --static-only)"))
     report.stages["schema"] = time.perf_counter() - t0
 
     if parsable and not static_only:
-        from envforge.gate.dynamic import run_dynamic
         from sandbox.base import get_backend
 
         t0 = time.perf_counter()
-        findings, stats = run_dynamic(source, get_backend(backend), settings, progress=say)
+        findings, stats = run_dynamic(static.text, get_backend(backend), settings, progress=say)
         dyn_tools = stats.pop("tools", None)
         if tgt is not None and tools is None and dyn_tools is not None:
             report.findings += check_schema(dyn_tools, tgt)  # Env.tools was not a literal

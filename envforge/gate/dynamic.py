@@ -617,7 +617,6 @@ def _robustness(host: Host, tools: list, settings: GateSettings) -> None:
         def say(self, text):
             self._step(assistant(text), "assistant text")
 
-    host.inst("h")
     with PARSE_LOCK, _quiet():
         run_state_machine_as_test(EnvMachine, settings=hsettings(
             max_examples=settings.robustness_examples, stateful_step_count=max(host.max_turns, 5),

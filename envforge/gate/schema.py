@@ -8,44 +8,11 @@ reference solution must validate against its schema (checked in the dynamic stag
 """
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
 from envforge.contract import Finding, canonical_json, error
-from envforge.gate.static import parse
 from envforge.targets import Target
-
-
-def tools_from_source(source: str) -> list | None:
-    """``Env.tools`` when it is a literal (directly or through a module-level name), else None."""
-    try:
-        tree = parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    names: dict[str, ast.expr] = {}
-    env = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    names[t.id] = node.value
-        elif isinstance(node, ast.ClassDef) and node.name == "Env":
-            env = node
-    if env is None:
-        return None
-    for node in env.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "tools"
-                                                for t in node.targets):
-            value = node.value
-            if isinstance(value, ast.Name):
-                value = names.get(value.id)
-            try:
-                tools = ast.literal_eval(value) if value is not None else None
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return None
-            return tools if isinstance(tools, list) else None
-    return None
 
 
 def _name(tool: Any) -> str | None:

@@ -70,7 +70,8 @@ class StaticResult:
     findings: list[Finding] = field(default_factory=list)
     shape: dict = field(default_factory=lambda: {
         "capability": None, "skills": None, "has_env": False, "max_turns": None,
-        "docstring": False})
+        "docstring": False, "tools": None})
+    text: str | None = None  # the source as decoded (BOM dropped); None when it is not text
 
     @property
     def ok(self) -> bool:
@@ -95,7 +96,7 @@ def audit_static(source: str | bytes, filename: str = "env.py") -> StaticResult:
 
 
 def _audit(source: str | bytes, filename: str, result: StaticResult) -> None:
-    text = _decode(source, filename, result.findings)
+    text = result.text = _decode(source, filename, result.findings)
     if text is None:
         return
     if not text.strip():
@@ -394,7 +395,7 @@ def check_shape(m: _Module, shape: dict) -> list[Finding]:
         out.append(error("contract.shape", "no module-level class Env: define class Env with "
                          "tools, reset(self, seed), step(self, action) and solve(self, seed)"))
     else:
-        out += _env_problems(env, classes, shape)
+        out += _env_problems(env, classes, shape, values)
     doc = ast.get_docstring(m.tree)
     shape["docstring"] = doc is not None
     if doc is None:
@@ -436,8 +437,10 @@ def _skills_problems(node: ast.expr) -> list[str]:
     return problems
 
 
-def _env_problems(env: ast.ClassDef, classes: dict, shape: dict) -> list[Finding]:
-    """Env's tools, methods and max_turns, looked up through base classes defined in this file."""
+def _env_problems(env: ast.ClassDef, classes: dict, shape: dict, module: dict) -> list[Finding]:
+    """Env's tools, methods and max_turns, looked up through base classes defined in this file
+    (``module``: the module-level names). ``shape["tools"]`` gets the tools when they are a
+    literal, directly or through a module-level name; else the dynamic stage reads them."""
     order, todo = [], [env]
     while todo:  # the class, then its bases in this file (depth first; a cycle stops)
         cls = todo.pop(0)
@@ -454,6 +457,14 @@ def _env_problems(env: ast.ClassDef, classes: dict, shape: dict) -> list[Finding
     if "tools" not in values:
         out.append(error("contract.shape", f"line {env.lineno}: class Env has no tools class "
                          "attribute: add tools = [...] (the OpenAI function schemas it offers)"))
+    else:
+        tools = values["tools"]
+        tools = module.get(tools.id) if isinstance(tools, ast.Name) else tools
+        try:
+            tools = ast.literal_eval(tools) if tools is not None else None
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            tools = None
+        shape["tools"] = tools if isinstance(tools, list) else None
     for name, params in C.ENV_METHODS.items():
         want = f"{name}(self, {', '.join(params)})"
         fn = funcs.get(name)
