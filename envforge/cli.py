@@ -99,10 +99,7 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, b
         if not as_json:
             _print_report(reports[-1])
     if as_json:
-        emit_json({"results": [{"path": r.path, "verdict": r.verdict, "target": r.target,
-                                "findings": [f.to_dict() for f in r.findings],
-                                "stages": {k: round(v, 3) for k, v in r.stages.items()},
-                                "stats": r.stats} for r in reports]})
+        emit_json({"results": [r.to_dict() for r in reports]})  # each as its report.json
     sys.exit(0 if all(r.accepted for r in reports) else 1)
 
 

@@ -10,7 +10,7 @@ may import it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 CONTRACT_VERSION = 1
@@ -235,8 +235,3 @@ class Limits:
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of a value: sorted keys, no insignificant whitespace."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def as_plain(obj: Any) -> Any:
-    """A dataclass (or anything) as plain JSON-ready data."""
-    return asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj

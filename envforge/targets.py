@@ -47,13 +47,17 @@ class Target:
         return hashlib.sha256(canonical_json(tools).encode()).hexdigest()
 
 
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise TargetError(f"{path}: not a UTF-8 text file; a target file must be JSON") from None
+        raise TargetError(f"{path}: not a UTF-8 text file; save it as UTF-8") from None
     except OSError as e:
         raise TargetError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _read_json(path: Path) -> Any:
+    text = _read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -108,7 +112,7 @@ def load_target(spec: str | Path) -> Target:
         name=_target_name(path),
         tools=_check_tools(_read_json(tool_file), tool_file),
         meta=_meta(_read_json(meta_file)) if meta_file else {},
-        policy=policy.read_text(encoding="utf-8") if policy.is_file() else "",
+        policy=_read_text(policy) if policy.is_file() else "",
         path=str(path),
     )
 

@@ -129,3 +129,14 @@ def test_audits_in_parallel_threads():
         [t.join() for t in threads]
     assert errors == []
     assert [r.verdict for r in results] == ["accept"] * 9
+
+
+def test_perturb_changes_one_argument_and_keeps_the_other_calls():
+    from envforge.contract import assistant, tool_call
+    from envforge.gate.dynamic import perturb
+    two = assistant(None, [tool_call("get", {"id": "A1"}, "c0"), tool_call("list", {"page": 1}, "c1")])
+    seed = next(s for s in range(30) if s % 3 == 1)  # the mode that changes an argument
+    [out] = perturb([two], seed)
+    assert [c["function"]["name"] for c in out["tool_calls"]] == ["get", "list"]
+    assert out["tool_calls"][1] == two["tool_calls"][1]
+    assert json.loads(out["tool_calls"][0]["function"]["arguments"]) != {"id": "A1"}

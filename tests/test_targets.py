@@ -77,3 +77,12 @@ def test_real_targets(folder, n):
     assert len(t.tools) == n
     assert t.meta, "read/write metadata loaded"
     assert t.name == folder
+
+
+def test_a_policy_that_is_not_utf8_is_a_clear_target_error(tmp_path):
+    from envforge.errors import TargetError
+    (tmp_path / "tools.json").write_text(json.dumps(
+        [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]))
+    (tmp_path / "policy.md").write_bytes(b"\xff\xfe policy")
+    with pytest.raises(TargetError, match=r"policy\.md: not a UTF-8 text file; save it as UTF-8"):
+        load_target(tmp_path)

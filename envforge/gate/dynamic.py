@@ -113,7 +113,6 @@ class Host:
                 raise GiveUp(f"the sandbox failed {self.failures} times; the remaining dynamic checks "
                              "were skipped")
             self.start()
-            self.instances = {}
         if name not in self.instances:
             self.instances[name] = self.sandbox.new()
         return self.instances[name]
@@ -208,15 +207,13 @@ class Findings:
     def __init__(self) -> None:
         self.items: dict[Any, list] = {}
 
-    def add(self, check: str, message: str, severity: str = "error", key: Any = None, **evidence) -> None:
+    def add(self, check: str, message: str, key: Any = None) -> None:
+        """An error finding; seen again under the same key, it is counted, not repeated."""
         key = key or (check, message)
         if key in self.items:
             self.items[key][1] += 1
         else:
-            self.items[key] = [Finding(check, severity, message, **evidence), 1]
-
-    def has(self, check: str) -> bool:
-        return any(f.check == check for f, _ in self.items.values())
+            self.items[key] = [Finding(check, "error", message), 1]
 
     def result(self) -> list[Finding]:
         out = []
@@ -325,7 +322,8 @@ def perturb(actions: list, seed: int) -> list:
         if isinstance(args, dict) and args:
             key = rng.choice(sorted(args))
             args[key] = _mutate(args[key])
-            actions[i] = {**actions[i], "tool_calls": [tool_call(call["function"]["name"], args, call.get("id", "call_0"))]}
+            changed = tool_call(call["function"]["name"], args, call.get("id", "call_0"))
+            actions[i] = {**actions[i], "tool_calls": [changed] + actions[i]["tool_calls"][1:]}
         else:
             del actions[i]
     else:
