@@ -294,12 +294,25 @@ def make(path_or_slug: str | Path, backend: str | Backend = "auto", *, pool: Any
 
     ``limits``: fields of ``envforge.contract.Limits`` (call_timeout_s, memory_mb, cpu_s, ...).
     Refuses an env the gate rejected or whose static audit fails (``InputError``) unless
-    ``unsafe_skip_gate=True``; see the module docstring.
+    ``unsafe_skip_gate=True``; see the module docstring. With ``pool``, the pool's source, backend,
+    limits and hash_seed hold (its checks ran when it was made): ``path_or_slug`` must hold the
+    source the pool runs, and ``limits`` are refused (``UsageError``).
     """
     env_file = resolve(path_or_slug)
-    source = env_file.read_text(encoding="utf-8") if unsafe_skip_gate else gate_check(env_file)
-    return SandboxEnv(source, backend=backend, limits=_limits(limits) if limits or pool is None
-                      else None, pool=pool, hash_seed=hash_seed)
+    if pool is not None:
+        if limits:
+            raise UsageError(f"limits ({', '.join(sorted(limits))}) are the pool's: pass them to "
+                             "make_pool, not to make(..., pool=)")
+        if _read(env_file) != pool.source:
+            raise UsageError(f"{env_file} is not the env this pool runs: make a pool of it "
+                             "(make_pool), or call make without pool")
+        return SandboxEnv(pool.source, pool=pool)
+    source = _read(env_file) if unsafe_skip_gate else gate_check(env_file)
+    return SandboxEnv(source, backend=backend, limits=_limits(limits), hash_seed=hash_seed)
+
+
+def _read(env_file: Path) -> str:
+    return env_file.read_bytes().decode("utf-8")  # as gate_check reads it: newlines untouched
 
 
 def _limits(fields: dict) -> Limits:
@@ -307,6 +320,8 @@ def _limits(fields: dict) -> Limits:
         return Limits(**fields)
     except TypeError as e:
         raise UsageError(f"{e}; limits are fields of envforge.contract.Limits") from None
+    except ValueError as e:  # a field out of range, e.g. memory_mb=10
+        raise UsageError(f"bad limits: {e}") from None
 
 
 def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = "auto", *,
@@ -316,7 +331,7 @@ def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = 
     ``make``; pass it to ``make(..., pool=pool)`` or lease from it directly."""
     from sandbox.pool import SandboxPool
     env_file = resolve(path_or_slug)
-    source = env_file.read_text(encoding="utf-8") if unsafe_skip_gate else gate_check(env_file)
+    source = _read(env_file) if unsafe_skip_gate else gate_check(env_file)
     return SandboxPool(source, size=size, backend=backend, limits=_limits(limits),
                        hash_seed=hash_seed, max_uses=max_uses)
 

@@ -24,28 +24,30 @@ else (Ctrl-C) kills the sandbox too, since its reply would come out of step.
 from __future__ import annotations
 
 import json
-import threading
 import os
+import select
+import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Any
 
 from envforge.contract import Limits
 from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, SandboxProtocolError,
-                             SandboxTimeout)
+                             SandboxTimeout, UsageError)
 
 
 SPIN_S = 200e-6
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy = [0]                # calls of this process waiting for a sandbox's reply
 _busy_lock = threading.Lock()
+_SPIN_MAX = max(1, (os.cpu_count() or 1) // 2)  # calls in flight that may spin: half the cores
 
 
 def spin_allowed() -> bool:
     """Whether waiting by spinning pays: only while the calls in flight fit in half the cores
     (each spins on the host and its runner works); beyond, spinning steals the CPU that the
     sandboxes need, and blocking is faster."""
-    return _busy[0] <= max(1, (os.cpu_count() or 1) // 2)
+    return _busy[0] <= _SPIN_MAX
 
 
 def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list:
@@ -60,6 +62,32 @@ def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list
         if ready:
             return ready
     return poller.poll(max(timeout_s, 0.0) * 1000) if timeout_s > 0 else []
+
+
+def write_all(write, fd: int, data: bytes, deadline: float) -> None:
+    """Write all of ``data`` with ``write`` (``os.write`` or ``socket.send`` bound to the
+    non-blocking ``fd``), waiting for ``fd`` to take more until ``deadline`` (time.monotonic()).
+
+    Raises SandboxTimeout when the runner stops reading, SandboxCrashed when it is gone."""
+    view, poller = memoryview(data), None
+    while view:
+        try:
+            view = view[write(view):]
+        except BlockingIOError:  # a request longer than the stream's free space
+            if poller is None:
+                poller = select.poll()
+                poller.register(fd, select.POLLOUT)
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise SandboxTimeout("the runner stopped reading its requests") from None
+        except OSError as e:  # BrokenPipeError, ConnectionResetError: the runner is gone
+            raise SandboxCrashed(f"the runner is gone ({e.__class__.__name__})") from None
+
+
+def check_hash_seed(hash_seed: int) -> None:
+    """A PYTHONHASHSEED must be in [0, 4294967295]; else UsageError."""
+    if not 0 <= hash_seed <= 4294967295:
+        raise UsageError(f"hash_seed must be in [0, 4294967295], got {hash_seed}")
 
 
 class LineBuffer:
@@ -105,8 +133,10 @@ class Transport(ABC):
     """A bidirectional line stream to one runner, plus the means to kill it."""
 
     @abstractmethod
-    def send(self, data: bytes) -> None:
-        """Write bytes (a complete line). Raises SandboxCrashed when the runner is gone."""
+    def send(self, data: bytes, deadline: float) -> None:
+        """Write bytes (a complete line), by ``deadline`` (time.monotonic()) when the runner
+        does not take them at once. Raises SandboxTimeout when it stops reading, SandboxCrashed
+        when it is gone."""
 
     @abstractmethod
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
@@ -147,14 +177,17 @@ class Sandbox:
         except (TypeError, ValueError) as e:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
+        deadline, late = time.monotonic() + timeout, "read its request"
         with _busy_lock:
             _busy[0] += 1
         try:
-            self.transport.send(line.encode())
-            raw = self.transport.recv_line(timeout, self.limits.max_message_bytes)
+            self.transport.send(line.encode(), deadline)
+            late = "answer"
+            raw = self.transport.recv_line(deadline - time.monotonic(), self.limits.max_message_bytes)
         except SandboxTimeout:
             self.kill()
-            raise SandboxTimeout(f"{op} did not answer within {timeout:g} s; the sandbox was killed") from None
+            raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "
+                                 "killed") from None
         except SandboxError as e:
             why = self.transport.describe_exit()
             self.kill()
@@ -167,7 +200,7 @@ class Sandbox:
                 _busy[0] -= 1
         try:
             reply = json.loads(raw.decode())  # str: skips json's encoding sniffing
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             self.kill()
             raise SandboxProtocolError(f"{op}: the sandbox answered a line that is not JSON: "
                                        f"{raw[:120]!r}") from None
@@ -177,6 +210,10 @@ class Sandbox:
         if reply.get("ok"):
             return reply.get("value")
         err = reply.get("error") or {}
+        if not isinstance(err, dict):
+            self.kill()
+            raise SandboxProtocolError(f"{op}: the sandbox answered an error that is not an "
+                                       f"object: {raw[:120]!r}")
         raise EnvCallError(str(err.get("kind", "env")), str(err.get("type", "")),
                            str(err.get("message", "")), str(err.get("traceback", "")))
 
@@ -198,8 +235,8 @@ class Sandbox:
     def solve(self, instance: int, seed: int) -> list:
         return self.call("solve", instance=instance, seed=seed)
 
-    def ping(self) -> bool:
-        return self.call("ping") == "pong"
+    def ping(self, timeout: float | None = None) -> bool:
+        return self.call("ping", timeout=timeout) == "pong"
 
     # ---------------------------------------------------------------- lifetime
     def kill(self) -> None:
@@ -258,7 +295,6 @@ def get_backend(name: "str | Backend" = "auto") -> Backend:
         return DockerBackend()
     if name == "unsafe-inprocess":
         return UnsafeInProcessBackend()
-    from envforge.errors import UsageError
     raise UsageError(f"unknown sandbox backend {name!r}; choose {', '.join(BACKENDS)}")
 
 
@@ -307,29 +343,17 @@ class InProcessTransport(Transport):
     """Hands each request line to a ``runner.Runner`` in this process; replies queue up."""
 
     def __init__(self):
-        import os
         from sandbox.runner import Runner
         self.runner = Runner({"seccomp": False, "uid": os.getuid(), "isolation": "none"})
         self.replies: list[bytes] = []
         self.killed = False
 
-    def send(self, data: bytes) -> None:
-        from sandbox.runner import Failure
+    def send(self, data: bytes, deadline: float) -> None:
         if self.killed:
             raise SandboxCrashed("the in-process runner was killed")
-        rid = None
-        try:
-            req = json.loads(data.decode())
-            rid = req.get("id") if isinstance(req, dict) else None
-            if not isinstance(req, dict):
-                raise Failure("protocol", "a request must be a JSON object")
-            reply = '{"id":%s,"ok":true,"value":%s}' % (_encode(rid), self.runner.handle(req))
-        except BaseException as e:
-            if isinstance(e, Failure) and e.error["type"] == "KeyboardInterrupt":
-                raise KeyboardInterrupt from None  # Ctrl-C reached env code: stop, as a host must
-            error = e.error if isinstance(e, Failure) else Failure(
-                "env", str(e)[:2000], type(e).__name__, self.runner.env_traceback(e)).error
-            reply = json.dumps({"id": rid, "ok": False, "error": error})
+        reply, error = self.runner.answer(data)
+        if error is not None and error["type"] == "KeyboardInterrupt":
+            raise KeyboardInterrupt  # Ctrl-C reached env code: stop, as a host must
         self.replies.append(reply.encode())
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:

@@ -67,7 +67,8 @@ from typing import Callable
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import Backend, LineBuffer, Sandbox, Transport, poll_spinning
+from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, poll_spinning,
+                          write_all)
 
 HERE = Path(__file__).resolve().parent
 CONTEXT = ("Dockerfile", "runner.py")
@@ -209,8 +210,8 @@ class ContainerTransport(Transport):
     (requests on stdin; replies and stderr multiplexed in Docker's 8-byte-header frames).
     """
 
-    def __init__(self, api, container_id: str, send_timeout_s: float):
-        self.api, self.id, self.send_timeout_s = api, container_id, send_timeout_s
+    def __init__(self, api, container_id: str):
+        self.api, self.id = api, container_id
         self._attach_io = self._attach = self._data = None
         self._frames, self._out, self._err = bytearray(), LineBuffer(), bytearray()
         self._eof = self._killed = self._attach_eof = False
@@ -240,16 +241,8 @@ class ContainerTransport(Transport):
         for fd in self._socks:
             self._poller.register(fd, select.POLLIN)
 
-    def send(self, data: bytes) -> None:
-        view, deadline = memoryview(data), time.monotonic() + self.send_timeout_s
-        while view:
-            try:
-                view = view[self._data.send(view):]
-            except BlockingIOError:
-                if not _ready([self._data], select.POLLOUT, deadline - time.monotonic()):
-                    raise SandboxTimeout("the runner stopped reading its requests") from None
-            except OSError as e:
-                raise SandboxCrashed(f"the runner's stream is gone ({e.__class__.__name__})") from None
+    def send(self, data: bytes, deadline: float) -> None:
+        write_all(self._data.send, self._data.fileno(), data, deadline)
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
         deadline = time.monotonic() + timeout
@@ -501,8 +494,7 @@ class DockerBackend(Backend):
             log_config=docker.types.LogConfig(type="none"))
 
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
-        if not 0 <= hash_seed <= 4294967295:
-            raise UsageError(f"hash_seed must be in [0, 4294967295], got {hash_seed}")
+        check_hash_seed(hash_seed)
         docker = _sdk()
         api = self.client().api
         if not self._reaped:
@@ -534,7 +526,7 @@ class DockerBackend(Backend):
             if isinstance(e, Exception):
                 raise SandboxUnavailable(f"cannot create a sandbox container: {e}") from None
             raise
-        transport = ContainerTransport(api, created["Id"], limits.load_timeout_s)
+        transport = ContainerTransport(api, created["Id"])
         transport.sock_dir = sock_dir
         sandbox = Sandbox(transport, limits, backend=f"docker/{self.channel}")
         try:
@@ -551,22 +543,16 @@ class DockerBackend(Backend):
                         f"this machine's {sock_dir}, use DockerBackend(channel='attach')") from None
                 transport.connected(conn)
                 _cleanup(listener, sock_dir)  # the container keeps its (now empty) mount
-            if sandbox.call("ping", timeout=limits.load_timeout_s) != "pong":
+            if not sandbox.ping(timeout=limits.load_timeout_s):
                 raise SandboxProtocolError("the runner's first ping was not answered 'pong'")
-        except SandboxUnavailable:
+        except BaseException as e:  # Ctrl-C included: nothing of this container may stay
             _cleanup(listener, None)
             sandbox.kill()
-            raise
-        except SandboxError as e:
-            _cleanup(listener, None)
-            sandbox.kill()
-            raise SandboxUnavailable(f"the runner did not start in its container: {e}") from None
-        except BaseException as e:
-            _cleanup(listener, None)
-            sandbox.kill()
-            if isinstance(e, Exception):
-                raise SandboxUnavailable(f"cannot start a sandbox container: {e}") from None
-            raise
+            if isinstance(e, SandboxUnavailable) or not isinstance(e, Exception):
+                raise
+            what = ("the runner did not start in its container" if isinstance(e, SandboxError)
+                    else "cannot start a sandbox container")
+            raise SandboxUnavailable(f"{what}: {e}") from None
         return sandbox
 
 

@@ -103,6 +103,8 @@ class SandboxPool:
                 self._error = SandboxUnavailable(f"the pool could not start a sandbox "
                                                  f"{failures} times in a row: {e}")
                 self._idle.put(None)  # wake every waiter; each passes the None on
+                while self._wanted.get():  # park until close(): leased sandboxes die with us
+                    pass
                 return
             failures = 0
             with self._lock:
@@ -183,12 +185,18 @@ class SandboxPool:
     def wait_warm(self, timeout: float = 60.0) -> None:
         """Block until all ``size`` sandboxes are started (or raise why not)."""
         deadline = time.monotonic() + timeout
-        while self._idle.qsize() < self.size:
+        while True:
+            with self._lock:
+                warm = len(self._all)  # started, idle or lent
+            if warm >= self.size:
+                return
             if self._error:
                 raise self._error
+            if self._closed:
+                raise SandboxUnavailable("the pool is closed")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the pool had {self._idle.qsize()} of {self.size} sandboxes "
-                                   f"warm after {timeout:g} s")
+                raise TimeoutError(f"the pool had {warm} of {self.size} sandboxes warm after "
+                                   f"{timeout:g} s")
             time.sleep(0.01)
 
     # ------------------------------------------------------------------ lifetime

@@ -52,7 +52,8 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import Backend, LineBuffer, Sandbox, Transport, poll_spinning
+from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, poll_spinning,
+                          write_all)
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
 LAYERS = ("bwrap", "unshare", "none")
@@ -68,37 +69,24 @@ HOW_TO = "install bubblewrap (apt-get install bubblewrap) and pyseccomp (pip ins
 class PipeTransport(Transport):
     """The runner's stdin/stdout pipes; its stderr goes to a host temp file (tail kept)."""
 
-    def __init__(self, proc: subprocess.Popen, stderr_file, send_timeout_s: float):
-        self.proc, self._err, self.send_timeout_s = proc, stderr_file, send_timeout_s
+    def __init__(self, proc: subprocess.Popen, stderr_file):
+        self.proc, self._err = proc, stderr_file
         self._in, self._out = proc.stdin.fileno(), proc.stdout.fileno()
         os.set_blocking(self._in, False)
-        self._poll_in, self._poll_out = select.poll(), select.poll()
-        self._poll_in.register(self._in, select.POLLOUT)
+        self._poll_out = select.poll()
         self._poll_out.register(self._out, select.POLLIN)
         self._buf = LineBuffer()
         self._eof = self._killed = False
         self._tail = ""
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, deadline: float) -> None:
         try:
-            sent = os.write(self._in, data)
-        except BlockingIOError:
+            sent = os.write(self._in, data)  # the usual case: the pipe has room for it all
+        except OSError:  # full (BlockingIOError) or gone: write_all waits, or says which
             sent = 0
-        except OSError as e:  # BrokenPipeError: the runner is gone
-            raise SandboxCrashed(f"the runner is gone ({e.__class__.__name__})") from None
-        if sent < len(data):  # a request longer than the pipe's free space
-            self._send_rest(memoryview(data)[sent:])
-
-    def _send_rest(self, view: memoryview) -> None:
-        deadline = time.monotonic() + self.send_timeout_s
-        while view:
-            try:
-                view = view[os.write(self._in, view):]
-            except BlockingIOError:
-                if not self._poll_in.poll(max(0.0, deadline - time.monotonic()) * 1000):
-                    raise SandboxTimeout("the runner stopped reading its requests") from None
-            except OSError as e:  # BrokenPipeError: the runner is gone
-                raise SandboxCrashed(f"the runner is gone ({e.__class__.__name__})") from None
+        if sent < len(data):
+            write_all(functools.partial(os.write, self._in), self._in, memoryview(data)[sent:],
+                      deadline)
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
         deadline = time.monotonic() + timeout
@@ -359,8 +347,7 @@ class ProcessBackend(Backend):
         ok, why = self.available()
         if not ok:
             raise SandboxUnavailable(why)
-        if not 0 <= hash_seed <= 4294967295:
-            raise UsageError(f"hash_seed must be in [0, 4294967295], got {hash_seed}")
+        check_hash_seed(hash_seed)
         layer, prefix, _, sec_on, _ = self._plan()
         argv = prefix + [sys.executable, "-s", "-B", RUNNER] + (["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()
@@ -371,10 +358,9 @@ class ProcessBackend(Backend):
         except (OSError, subprocess.SubprocessError) as e:
             err.close()
             raise SandboxUnavailable(f"cannot start the runner ({layer}): {e}") from None
-        sandbox = Sandbox(PipeTransport(proc, err, limits.load_timeout_s), limits,
-                          backend=f"process/{layer}")
+        sandbox = Sandbox(PipeTransport(proc, err), limits, backend=f"process/{layer}")
         try:
-            if sandbox.call("ping", timeout=limits.load_timeout_s) != "pong":
+            if not sandbox.ping(timeout=limits.load_timeout_s):
                 raise SandboxProtocolError("the runner's first ping was not answered 'pong'")
         except SandboxError as e:
             sandbox.kill()

@@ -225,6 +225,26 @@ class Runner:
                                       f"({', '.join(names)}); it returned {got}")
         return self.json_text(op, list(value), "result", names)
 
+    def answer(self, line):
+        """(the reply line without its newline, None) for one request line; when the reply is an
+        error, the error dict instead of None."""
+        rid = None
+        try:
+            req = json.loads(line.decode())  # str: skips json's encoding sniffing
+            if not isinstance(req, dict):
+                raise Failure("protocol", "a request must be a JSON object")
+            rid = req.get("id")
+            return '{"id":%s,"ok":true,"value":%s}' % (ENCODE(rid), self.handle(req)), None
+        except BaseException as e:
+            if isinstance(e, Failure):
+                error = e.error
+            elif isinstance(e, ValueError) and rid is None:
+                error = Failure("protocol", f"a request that is not JSON: {safe_str(e)}").error
+            else:  # env code reached the runner's own code (a hostile __len__, __iter__, ...)
+                error = Failure("env", safe_str(e), type(e).__name__, self.env_traceback(e)).error
+            return json.dumps({"id": rid if isinstance(rid, (int, str)) else None, "ok": False,
+                               "error": error}, separators=COMPACT), error
+
     def load(self, req):
         if self.module is not None:
             raise Failure("protocol", "an env is already loaded here; start a new sandbox "
@@ -302,25 +322,9 @@ def main(argv):
             os.write(2, f"runner: cannot install the seccomp filter: {e!r}\n".encode())
             os._exit(3)
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    runner = Runner(info)
+    answer = Runner(info).answer
     for line in request_lines(proto_in):
-        rid = None
-        try:
-            req = json.loads(line.decode())  # str: skips json's encoding sniffing
-            if not isinstance(req, dict):
-                raise Failure("protocol", "a request must be a JSON object")
-            rid = req.get("id")
-            reply = '{"id":%s,"ok":true,"value":%s}' % (ENCODE(rid), runner.handle(req))
-        except BaseException as e:
-            if isinstance(e, Failure):
-                error = e.error
-            elif isinstance(e, ValueError) and rid is None:
-                error = Failure("protocol", f"a request that is not JSON: {safe_str(e)}").error
-            else:  # env code reached the runner's own code (a hostile __len__, __iter__, ...)
-                error = Failure("env", safe_str(e), type(e).__name__, runner.env_traceback(e)).error
-            reply = json.dumps({"id": rid if isinstance(rid, (int, str)) else None, "ok": False,
-                                "error": error}, separators=COMPACT)
-        data = (reply + "\n").encode()
+        data = (answer(line)[0] + "\n").encode()
         sent = os.write(proto_out, data)
         while sent < len(data):  # a reply longer than the pipe's buffer
             sent += os.write(proto_out, data[sent:])

@@ -233,6 +233,19 @@ def test_a_hang_times_out_and_the_container_is_removed(make, channel):
 
 
 @pytest.mark.parametrize("channel", CHANNELS)
+def test_a_request_the_runner_does_not_read_times_out_on_the_call_limit(make, channel):
+    sb = make(env_with(reset="while True:\n    pass"), channel=channel, call_timeout_s=0.5)
+    sb.new()
+    sb.transport.send(b'{"id": 99, "op": "reset", "instance": 0, "seed": 1}\n',
+                      time.monotonic() + 5)
+    t = time.monotonic()
+    with pytest.raises(SandboxTimeout, match="^step did not read its request within 0.5 s; "
+                                             "the sandbox was killed$"):
+        sb.step(0, {"role": "assistant", "content": "x" * (16 << 20)})
+    assert time.monotonic() - t < 0.5 + 1.5 and containers() == []
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
 def test_an_exit_is_a_crash_with_its_status_and_stderr(make, channel):
     sb = make(env_with(step="import os\nos.write(2, b'bye now')\nos._exit(7)"), channel=channel)
     with pytest.raises(SandboxCrashed, match=r"^step: the runner exited "
@@ -280,7 +293,8 @@ sb.load("CAPABILITY = 'x'\\nclass Env:\\n    tools = []\\n    def reset(self, se
         "    def solve(self, s):\\n        return []\\n")
 sb.new()
 if {spin!r}:
-    sb.transport.send(b'{{"id": 99, "op": "reset", "instance": 0, "seed": 1}}\\n')
+    sb.transport.send(b'{{"id": 99, "op": "reset", "instance": 0, "seed": 1}}\\n',
+                      time.monotonic() + 5)
 print("ready", flush=True)
 {then}
 """

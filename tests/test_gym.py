@@ -223,6 +223,34 @@ def test_envs_leased_from_a_pool(no_leak):
         pool.close()
 
 
+def test_make_with_a_pool_runs_only_the_pools_env_under_its_limits(tmp_path):
+    """With pool=, make neither repeats the gate nor takes limits; another env is refused."""
+    from types import SimpleNamespace
+
+    def acquire():
+        raise LookupError("leased")  # stop there: make got as far as the pool
+
+    env_file = write_env(tmp_path / "mine", good_source()) / "env.py"
+    pool = SimpleNamespace(source=env_file.read_text(), limits=None, backend=None, acquire=acquire)
+    other = write_env(tmp_path / "other", good_source() + "\n# another env\n")
+    with pytest.raises(UsageError, match=r"other/env.py is not the env this pool runs"):
+        envforge.make(other, pool=pool)
+    with pytest.raises(UsageError, match=r"^limits \(call_timeout_s, memory_mb\) are the pool's"):
+        envforge.make(env_file, pool=pool, **FAST)
+    (env_file.parent / "report.json").write_text(json.dumps({"verdict": "reject", "findings": []}))
+    with pytest.raises(InputError, match="rejected by the gate"):
+        envforge.make(env_file, backend="process")
+    with pytest.raises(LookupError, match="leased"):  # the pool's own checks ran when it was made
+        envforge.make(env_file, pool=pool)
+
+
+def test_limits_out_of_range_are_usage_errors():
+    with pytest.raises(UsageError, match="^bad limits: memory_mb below 64"):
+        envforge.make(SLUG, memory_mb=10)
+    with pytest.raises(UsageError, match="^bad limits: call_timeout_s and load_timeout_s must be"):
+        envforge.make_pool(SLUG, call_timeout_s=0)
+
+
 def test_docker_env_passes_the_checker(no_leak):
     from gymnasium.utils.env_checker import check_env
     from tests import test_docker

@@ -14,6 +14,7 @@ import pytest
 from envforge.contract import Limits
 from envforge.errors import EnvCallError, SandboxCrashed, SandboxTimeout, SandboxUnavailable, UsageError
 from sandbox.pool import SandboxPool
+from sandbox.process import ProcessBackend
 from tests.test_sandbox import GOOD_ENV, MARK, children, env_with, processes_marked
 
 FAST = Limits(call_timeout_s=1.0, memory_mb=512)
@@ -189,6 +190,43 @@ def test_an_env_that_cannot_load_fails_the_pool_with_the_reason(pool):
         p.acquire(timeout=30)
     with pytest.raises(SandboxUnavailable, match="3 times in a row"):
         p.acquire(timeout=1)
+
+
+class FailsAfter(ProcessBackend):
+    """A process backend whose starts fail after the first ``n``."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.left = n
+
+    def start(self, limits, hash_seed=0):
+        self.left -= 1
+        if self.left < 0:
+            raise SandboxUnavailable("no more sandboxes")
+        return super().start(limits, hash_seed=hash_seed)
+
+
+def test_a_lent_sandbox_outlives_the_pool_giving_up(pool):
+    """Sandboxes die with the thread that started them: the pool's thread must stay after it
+    gave up starting more, until close()."""
+    p = pool(size=2, backend=FailsAfter(1))
+    with p.acquire(timeout=30) as lease:
+        with pytest.raises(SandboxUnavailable, match="3 times in a row: no more sandboxes"):
+            p.acquire(timeout=30)
+        time.sleep(0.3)  # a thread that ended would have taken its sandbox with it by now
+        assert lease.sandbox.ping() and episode(lease, 1) == 1.0
+    assert p._thread.is_alive()
+    p.close()
+    assert not p._thread.is_alive()
+
+
+def test_wait_warm_counts_lent_sandboxes(pool):
+    p = pool(size=2)
+    with p.acquire(timeout=30):
+        p.wait_warm(timeout=30)  # one lent, one idle: both warm
+    p.close()
+    with pytest.raises(SandboxUnavailable, match="the pool is closed"):
+        p.wait_warm(timeout=1)
 
 
 def test_close_kills_lent_sandboxes_too(pool):

@@ -382,6 +382,85 @@ def test_a_runner_that_exits_is_reported_with_its_status(make):
     assert not sb.transport.alive()
 
 
+def test_a_request_the_runner_does_not_read_times_out_on_the_call_limit(make):
+    """The runner is busy (a reset that spins, sent raw) while a request longer than the pipe
+    goes out: the call gives up after its own time limit, not the load limit, and says so."""
+    sb = make(env_with(reset="while True:\n    pass"), call_timeout_s=0.5)
+    sb.new()
+    sb.transport.send(b'{"id": 99, "op": "reset", "instance": 0, "seed": 1}\n',
+                      time.monotonic() + 5)
+    t = time.monotonic()
+    with pytest.raises(SandboxTimeout, match="^step did not read its request within 0.5 s; "
+                                             "the sandbox was killed$"):
+        sb.step(0, {"role": "assistant", "content": "x" * (1 << 20)})
+    assert time.monotonic() - t < 0.5 + 1.0 and sb.closed
+
+
+def test_a_hash_seed_out_of_range_is_a_usage_error(best):
+    with pytest.raises(UsageError, match=r"^hash_seed must be in \[0, 4294967295\], got -1$"):
+        best.start(Limits(), hash_seed=-1)
+
+
+# --------------------------------------------------------------------------- untrusted replies
+
+class CannedTransport:
+    """A transport that answers every request with one given line (a lying runner)."""
+
+    def __init__(self, reply: bytes):
+        self.reply, self.killed = reply, False
+
+    def send(self, data, deadline):
+        pass
+
+    def recv_line(self, timeout, max_bytes):
+        return self.reply
+
+    def kill(self):
+        self.killed = True
+
+    def describe_exit(self):
+        return ""
+
+
+@pytest.mark.parametrize("reply, message", [
+    (b"[" * 200_000, "a line that is not JSON"),                  # nested past the recursion limit
+    (b"\xff\n", "a line that is not JSON"),
+    (b'{"id": 1, "ok": false, "error": [1]}', "an error that is not an object"),
+    (b'{"id": 1, "ok": false, "error": "boom"}', "an error that is not an object"),
+    (b'{"id": 2, "ok": true, "value": "pong"}', r"reply out of step with the request \(id 1\)"),
+])
+def test_a_malformed_reply_is_a_protocol_error_and_kills_the_sandbox(reply, message):
+    from sandbox.base import Sandbox
+    transport = CannedTransport(reply)
+    sb = Sandbox(transport, Limits())
+    with pytest.raises(SandboxProtocolError, match=f"^ping: .*{message}"):
+        sb.ping()
+    assert transport.killed and sb.closed
+
+
+def test_an_error_reply_with_odd_fields_is_an_env_call_error():
+    from sandbox.base import Sandbox
+    sb = Sandbox(CannedTransport(b'{"id": 1, "ok": false, "error": {"kind": 3, "type": null}}'),
+                 Limits())
+    with pytest.raises(EnvCallError) as e:
+        sb.ping()
+    assert (e.value.kind, e.value.type, e.value.message) == ("3", "None", "") and not sb.closed
+
+
+@pytest.mark.parametrize("line", [
+    b"not json\n", b"\xff\n", b"[1]\n", b'{"id": {"a": [1]}, "op": "ping"}\n',
+    b'{"id": [1], "op": "nope"}\n', b'{"id": 3, "op": "step", "instance": 0}\n',
+    b'{"id": 4, "op": "load", "source": 5}\n', b'{"id": 1.5, "op": "ping"}\n',
+])
+def test_the_in_process_runner_answers_as_the_sandboxed_one(make, line):
+    """unsafe-inprocess and the process sandbox share one request -> reply function."""
+    from sandbox.base import InProcessTransport
+    sb, here = make(), InProcessTransport()
+    sb.transport.send(line, time.monotonic() + 5)
+    here.send(line, time.monotonic() + 5)
+    assert here.recv_line(5, 1 << 20) == sb.transport.recv_line(5, 1 << 20)
+
+
 # --------------------------------------------------------------------------- hostile envs
 
 def test_infinite_loop_times_out_and_is_killed(hostile):
@@ -524,7 +603,7 @@ def test_a_killed_host_leaves_no_sandbox_behind(layer, tmp_path):
     backend_for(layer)
     script = tmp_path / "host.py"
     script.write_text(textwrap.dedent(f"""
-        import os, sys
+        import os, sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         from envforge.contract import Limits
         from sandbox.process import ProcessBackend
@@ -533,7 +612,8 @@ def test_a_killed_host_leaves_no_sandbox_behind(layer, tmp_path):
                 "        while True:\\n            pass\\n    def step(self, a):\\n        pass\\n"
                 "    def solve(self, s):\\n        return []\\n")
         sb.new()
-        sb.transport.send(b'{{"id": 99, "op": "reset", "instance": 0, "seed": 1}}\\n')
+        sb.transport.send(b'{{"id": 99, "op": "reset", "instance": 0, "seed": 1}}\\n',
+                          time.monotonic() + 5)
         print(sb.transport.proc.pid, flush=True)
         os._exit(0)
     """))
