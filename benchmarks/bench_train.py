@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from trainers.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from trainers.policy import load_policy  # noqa: E402
 from trainers.rollout import EnvFactory, run_episodes  # noqa: E402
-from trainers.tiny import make_model, make_tokenizer  # noqa: E402
+from trainers.tiny import save_tiny  # noqa: E402
 
 ENV = REPO / "generated_envs" / "helpdesk_precondition_verification"
 SIZES = {"tiny": dict(hidden=64, layers=2, heads=4),
@@ -35,11 +35,7 @@ SIZES = {"tiny": dict(hidden=64, layers=2, heads=4),
 def bench(size: str, device: str, rollouts: int, max_new_tokens: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        tok = make_tokenizer("hermes")
-        model = make_model(tok, "hermes", **SIZES[size])
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        del model
+        save_tiny(tmp, "hermes", **SIZES[size])
         policy = load_policy(tmp, device=device, dtype="bfloat16" if device.startswith("cuda") else None)
         params = sum(p.numel() for p in policy.model.parameters())
         with EnvFactory(ENV, size=min(rollouts, 16), backend="process") as factory:

@@ -12,8 +12,10 @@ from tests.trainers_fixtures import env_dir, hermes_dir, model_root  # noqa: F40
 from click.testing import CliRunner  # noqa: E402
 
 from envforge.cli import main  # noqa: E402
+from envforge.errors import EnvforgeError, InputError  # noqa: E402
 from tests.envfactory import GOOD_DIR  # noqa: E402
 from trainers.calibrate import report  # noqa: E402
+from trainers.evaluate import read_tasks, route_seeds  # noqa: E402
 from trainers.rollout import Episode, mean_ci  # noqa: E402
 from trainers.router import find_adapters, routing_messages  # noqa: E402
 
@@ -73,7 +75,7 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     assert d["choice"] in ("none", GOOD_DIR.name) and set(d["probabilities"]) == {"none", GOOD_DIR.name}
 
     r = run(main, ["eval", str(GOOD_DIR), "--seeds", "0-2", "--adapters", str(tmp_path / "adapters"),
-                   "--json"] + args)
+                   "--examples", "1", "--json"] + args)
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["overall"]["n"] == 3 and len(res["routes"]) == 3 and res["per_skill"]
@@ -84,3 +86,65 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     res = json.loads(r.stdout)
     assert f"merged({GOOD_DIR.name})" in res["policy"] and res["overall"]["n"] == 2
     assert "routes" not in res  # merged: one policy for every episode, no routing
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--adapter", "a", "--adapters", "b"], "--adapter and --adapters conflict"),
+    (["--merge"], "--merge needs --adapters"),
+    (["--seeds", "0-x"], "want a range 'A-B'"),
+    (["--seeds", "0-19,25"], "want a range 'A-B'"),
+    (["--seeds", "x"], "want a range 'A-B'"),
+    (["--seeds", "5-2"], "want a range 'A-B'"),
+])
+def test_eval_usage_errors_come_before_any_model_loads(args, message):
+    r = CliRunner().invoke(main, ["eval", str(GOOD_DIR), "--model", "no-such-model"] + args)
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_an_unreadable_tasks_file_is_an_input_error(tmp_path):
+    missing = str(tmp_path / "missing.jsonl")
+    for cmd in (["eval", "--tasks", missing], ["route", "--adapters", "x", "--tasks", missing]):
+        r = CliRunner().invoke(main, cmd + ["--model", "no-such-model"])
+        assert r.exit_code == 1 and "cannot read the task" in r.output, r.output
+        assert "missing.jsonl" in r.output and "Traceback" not in r.output
+    with pytest.raises(InputError, match="cannot read"):
+        read_tasks(missing)
+    (tmp_path / "bad.jsonl").write_text('{"env": "x", "seed": 1}\nnot json\n')
+    with pytest.raises(InputError, match="neither JSON nor JSONL"):
+        read_tasks(tmp_path / "bad.jsonl")
+
+
+def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():
+    """route_seeds: one env for every routing reset; the router sees the first user message in
+    identify's example-task form; a reset error routes that seed to none and is recorded."""
+    class Env:
+        def reset(self, seed):
+            if seed == 1:
+                raise EnvforgeError("boom")
+            return {"messages": [{"role": "system", "content": "s"},
+                                 {"role": "user", "content": f"  task\n {seed} "}]}, {}
+
+        def close(self):
+            closed.append(True)
+
+    class Factory:
+        def make(self):
+            made.append(True)
+            return Env()
+
+    class Router:
+        def route(self, task):
+            seen.append(task)
+            return {"choice": "a", "probabilities": {"none": 0.1, "a": 0.9}}
+
+    class Policy:
+        router = Router()
+
+    made, closed, seen, routes = [], [], [], []
+    buckets = route_seeds(Policy(), Factory(), "e", [0, 1, 2], routes)
+    assert buckets == {"a": [0, 2], "none": [1]} and seen == ["task 0", "task 2"]
+    assert len(made) == 1 and len(closed) == 1
+    assert routes[1] == {"env": "e", "seed": 1, "choice": "none", "probabilities": None,
+                         "error": "reset: boom"}
+    assert routes[0]["choice"] == "a" and "error" not in routes[0]

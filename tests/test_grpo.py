@@ -61,6 +61,8 @@ def test_config_errors_name_the_setting():
         GRPOConfig(group_size=1)
     with pytest.raises(UsageError, match="GRPOConfig.temperature"):
         GRPOConfig(temperature=0)
+    with pytest.raises(UsageError, match="GRPOConfig.backend must be one of auto, process"):
+        GRPOConfig(backend="podman")
     c = GRPOConfig()
     assert (c.lora_rank, c.num_groups, c.group_size, c.learning_rate, c.iterations) == (32, 4, 4, 1e-5, 40)
 
@@ -136,6 +138,18 @@ def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
     from safetensors.torch import load_file
     a, b = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # resuming a finished run without on_resume keeps the checkpoint it loaded
+    _, again = _train(hermes_dir, env_dir, tmp_path / "a", 4)
+    assert len(again.history) == 4 and (tmp_path / "a" / "checkpoint" / "state.json").is_file()
+
+
+def test_a_frozen_adapter_is_refused_with_the_fix(hermes_dir, env_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    get_peft_model(load_policy(hermes_dir).model,
+                   LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    policy = load_policy(hermes_dir, adapter=tmp_path / "adapter")  # loaded frozen
+    with pytest.raises(UsageError, match="no trainable parameters.*pass the base model"):
+        GRPOTrainer(policy, env_dir, GRPOConfig(**TEST_CONFIG), out=tmp_path / "out")
 
 
 def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.rollout import SUCCESS, EnvFactory, run_episodes
+from trainers.rollout import SUCCESS, EnvFactory, is_constant, run_episodes
 
 BAND = (0.2, 0.6)
 MIN_STD = 0.05
@@ -47,7 +47,7 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
 def report(episodes, group_size: int, **extra) -> dict:
     scores = [e.score for e in episodes]
     groups = [scores[i:i + group_size] for i in range(0, len(scores), group_size)]
-    constant = sum(max(g) - min(g) <= 1e-6 for g in groups)
+    constant = sum(is_constant(g) for g in groups)
     metrics = {
         "episodes": len(scores), "groups": len(groups),
         "mean_reward": statistics.fmean(scores) if scores else 0.0,

@@ -2,7 +2,9 @@
 tasks; mean score with a 95% confidence interval, overall and per sub-skill.
 
 A task list is a JSON/JSONL file of ``{"env": slug-or-path, "seed": int}`` items. A routed policy
-is routed once per episode, on the episode's first user message, and keeps that adapter to the end.
+is routed once per episode, on the episode's first user message (in the form of identify's
+example tasks), and keeps that adapter to the end; a seed whose env fails to reset goes to "none"
+with the error in its route entry.
 """
 from __future__ import annotations
 
@@ -10,16 +12,22 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from envforge.errors import InputError
+from envforge.errors import EnvforgeError, InputError
 from trainers.rollout import EnvFactory, mean_ci, run_episodes
 
 
 def read_tasks(path: str | Path) -> list[dict]:
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read the task list {path}: {e}") from None
     try:
         items = json.loads(text)
     except ValueError:
-        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        try:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as e:
+            raise InputError(f"{path}: neither JSON nor JSONL ({e})") from None
     if not isinstance(items, list) or not all(isinstance(t, dict) and "env" in t and
                                               isinstance(t.get("seed"), int) for t in items):
         raise InputError(f"{path}: want a list of {{\"env\": ..., \"seed\": int}} items")
@@ -38,20 +46,8 @@ def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperatur
     for env, seeds in by_env.items():
         with EnvFactory(env, size=pool_size, backend=backend, unsafe_skip_gate=unsafe_skip_gate,
                         call_timeout_s=call_timeout_s) as factory:
-            buckets: dict[str, list[int]] = {"": seeds}
-            if isinstance(policy, RoutedPolicy):
-                buckets = defaultdict(list)
-                for s in seeds:
-                    e = factory.make()
-                    try:
-                        obs, _ = e.reset(seed=s)
-                    finally:
-                        e.close()
-                    task = next((m["content"] for m in obs["messages"] if m["role"] == "user"), "")
-                    d = policy.router.route(task)
-                    routes.append({"env": env, "seed": s, "choice": d["choice"],
-                                   "probabilities": d["probabilities"]})
-                    buckets[d["choice"]].append(s)
+            buckets = route_seeds(policy, factory, env, seeds, routes) if isinstance(
+                policy, RoutedPolicy) else {"": seeds}
             for choice, bucket in buckets.items():
                 if choice:
                     policy.use(choice)
@@ -74,3 +70,30 @@ def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperatur
         result["routes"] = routes
     result["episodes"] = episodes
     return result
+
+
+def route_seeds(policy, factory: EnvFactory, env: str, seeds: list[int], routes: list) -> dict:
+    """``{choice: seeds}``: each seed routed on its first user message, read from a reset of one
+    env made for all the seeds; a seed whose reset fails goes to "none" with the error in its route."""
+    from envforge.identify import first_user_text
+    from trainers.router import NONE
+    buckets: dict[str, list[int]] = defaultdict(list)
+    e = None
+    try:
+        for s in seeds:
+            try:
+                if e is None:
+                    e = factory.make()
+                obs, _ = e.reset(seed=s)
+            except EnvforgeError as err:
+                routes.append({"env": env, "seed": s, "choice": NONE, "probabilities": None,
+                               "error": f"reset: {err}"})
+                buckets[NONE].append(s)
+                continue
+            d = policy.router.route(first_user_text(obs["messages"]))
+            routes.append({"env": env, "seed": s, "choice": d["choice"], "probabilities": d["probabilities"]})
+            buckets[d["choice"]].append(s)
+    finally:
+        if e is not None:
+            e.close()
+    return buckets

@@ -18,7 +18,8 @@ trainer owns generation, batching and the dataloader; its ``rollout_func`` hook 
 prompt/completion pair per rollout, but a multi-turn episode here is one token sequence in which
 tool results and user turns sit between the policy's turns and must be masked, groups must be
 dropped and re-collected on fresh seeds, and resume must replay the exact rollouts. Those fit a
-~300-line loop over peft + torch; the loss is TRL's (same clipping, token-level averaging).
+short loop of our own over peft + torch (this module and ``trainers.rollout``); the loss is
+TRL's (same clipping, token-level averaging).
 
 Determinism: the torch generator is re-seeded from (``seed``, iteration) at the start of every
 iteration and env seeds come from a counter kept in the checkpoint, so a resumed run replays
@@ -27,8 +28,6 @@ exactly what an uninterrupted one does (with one thread on CPU).
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import statistics
 import time
@@ -39,8 +38,9 @@ from typing import Any, Callable
 import torch
 
 from envforge.errors import UsageError
+from sandbox.base import BACKENDS
 from trainers.policy import Policy, set_threads
-from trainers.rollout import Episode, EnvFactory, run_episodes
+from trainers.rollout import Episode, EnvFactory, is_constant, run_episodes
 
 CHECKPOINT = "checkpoint"
 
@@ -84,7 +84,8 @@ class GRPOConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (0: none)."})
     advantage_eps: float = field(default=1e-4, metadata={"help": "Added to the group std before dividing."})
     # the run
-    seed: int = field(default=0, metadata={"help": "Seeds LoRA init, sampling and the env seeds."})
+    seed: int = field(default=0, metadata={"help": "Seeds LoRA init and rollout sampling (env "
+                      "seeds come from first_env_seed)."})
     first_env_seed: int = field(default=0, metadata={"help": "Env seeds are first_env_seed, +1, ..."})
     threads: int | None = field(default=None, metadata={"help": "torch threads (None: torch's default)."})
     device: str = field(default="cpu", metadata={"help": "'cpu', 'cuda', 'cuda:1', ..."})
@@ -123,8 +124,9 @@ class GRPOConfig:
             raise UsageError(f"GRPOConfig.threads must be None or >= 1, got {self.threads!r}")
         if self.pool_size is not None and self.pool_size < 1:
             raise UsageError(f"GRPOConfig.pool_size must be None or >= 1, got {self.pool_size!r}")
-        if self.backend not in ("auto", "process", "docker", "unsafe-inprocess"):
-            raise UsageError(f"GRPOConfig.backend must be auto, process or docker, got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"GRPOConfig.backend must be one of {', '.join(BACKENDS)}, "
+                             f"got {self.backend!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UsageError(f"GRPOConfig.device is {self.device!r} but torch sees no CUDA device; "
                              "use device='cpu'")
@@ -145,10 +147,6 @@ def group_advantages(rewards: list[float], eps: float = 1e-4) -> list[float]:
         return [0.0] * len(rewards)
     mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
     return [(r - mean) / (std + eps) for r in rewards]
-
-
-def is_constant(rewards: list[float], tol: float = 1e-6) -> bool:
-    return max(rewards) - min(rewards) <= tol
 
 
 def batch_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -241,6 +239,10 @@ class GRPOTrainer:
         self.policy = policy
         self.model = policy.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise UsageError("the policy's model has no trainable parameters (an adapter loaded with "
+                             "load_policy(adapter=...) is frozen): pass the base model; GRPO adds "
+                             "a fresh LoRA adapter")
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.learning_rate,
                                            weight_decay=self.config.weight_decay)
         self.iteration, self.env_seed_counter = 0, 0
@@ -376,8 +378,9 @@ class GRPOTrainer:
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
                         unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s) as factory:
-            if self.resume and self.load_checkpoint(factory.env_hash) and self.on_resume:
-                self.on_resume(self.iteration)
+            if self.resume and self.load_checkpoint(factory.env_hash):
+                if self.on_resume:
+                    self.on_resume(self.iteration)
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
             meta = factory.describe()
@@ -424,7 +427,7 @@ class GRPOTrainer:
         env_manifest = env_manifest if isinstance(env_manifest, dict) else {}
         manifest = {
             "capability": meta.get("capability"),
-            "description": env_manifest.get("description") or env_manifest.get("capability_description", ""),
+            "description": env_manifest.get("description") or "",
             "examples": [e for e in env_manifest.get("examples") or [] if isinstance(e, str)][:3],
             "skills": meta.get("skills"),
             "env": str(factory.path.parent), "env_hash": factory.env_hash,

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from envforge.errors import InputError, UsageError
+from trainers.templates import FAMILIES as TEMPLATES
 
-FAMILIES = ("hermes", "llama3")
+FAMILIES = tuple(TEMPLATES)
 _CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _LLAMA_STRIP = ("<|python_tag|>",)
 _END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>")
@@ -180,7 +181,7 @@ class Policy:
         if self.family not in FAMILIES:
             raise UsageError(f"unknown template family {self.family!r}; known: {', '.join(FAMILIES)}")
         self.name = name
-        self.eot = "<|im_end|>" if self.family == "hermes" else "<|eot_id|>"
+        self.eot = TEMPLATES[self.family][2]
         self.stop_ids = sorted({i for i in (tokenizer.convert_tokens_to_ids(t) for t in
                                             (self.eot, "<|eom_id|>", tokenizer.eos_token) if t)
                                 if isinstance(i, int) and i != tokenizer.unk_token_id})

@@ -1,10 +1,10 @@
 """Multi-turn rollouts of a policy against a sandboxed env, token by token.
 
-``run_episodes(policy, envs, seeds, ...)`` plays one episode per seed. A wave's episodes form two
+``run_episodes(policy, factory, seeds, ...)`` plays one episode per seed. A wave's episodes form two
 lanes that take turns: one batched generation for a lane's live episodes, then its env steps go
 to a thread pool (the sandboxes of a ``SandboxPool`` do the env work in their own processes, in
 parallel) while the policy generates for the other lane, so env work overlaps generation.
-Episodes run in waves of at most ``envs.size`` (each live episode holds one sandbox).
+Episodes run in waves of at most ``factory.size`` (each live episode holds one sandbox).
 
 An ``Episode`` keeps the exact token sequence the policy saw and sampled: ``tokens`` with
 ``mask`` 1 on the policy's own sampled tokens and 0 on everything else (system and user turns,
@@ -51,10 +51,6 @@ class Episode:
         """Has at least one sampled token (an episode that failed at reset has none)."""
         return self.generated > 0
 
-    def task(self) -> str:
-        """The episode's task as a person would state it: its first user message."""
-        return next((m.get("content") or "" for m in self.messages if m.get("role") == "user"), "")
-
     def summary(self) -> dict:
         return {"seed": self.seed, "score": self.score, "turns": self.turns, "skill": self.skill,
                 "error": self.error, "generated_tokens": self.generated}
@@ -66,14 +62,14 @@ class EnvFactory:
     def __init__(self, env: str | Path, size: int = 4, backend: str = "auto",
                  unsafe_skip_gate: bool = False, **limits: Any):
         import envforge
-        from envforge.gym import gate_check, resolve
+        from envforge.gym import resolve
         self.path = resolve(env)
-        raw = self.path.read_bytes()
-        self.env_hash = hashlib.sha256(raw).hexdigest()
-        self.source = raw.decode("utf-8") if unsafe_skip_gate else gate_check(self.path)
         self.size = size
         self.pool = envforge.make_pool(self.path, size=size, backend=backend,
                                        unsafe_skip_gate=unsafe_skip_gate, **limits)
+        # one read and one gate check (in make_pool): the text hashed is the text checked and run
+        self.source = self.pool.source
+        self.env_hash = hashlib.sha256(self.source.encode("utf-8")).hexdigest()
         self.meta: dict = {}
 
     def make(self):
@@ -98,7 +94,7 @@ class EnvFactory:
         self.close()
 
 
-def _reset(ep: Episode, factory: EnvFactory, policy) -> None:
+def _reset(ep: Episode, factory: EnvFactory) -> None:
     try:
         ep.env = factory.make()
         obs, info = ep.env.reset(seed=ep.seed)
@@ -142,7 +138,7 @@ def _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top
     """Two lanes (alternate episodes) take turns: while one lane's env steps run on the pool,
     the policy generates for the other lane, so env work overlaps generation."""
     try:
-        list(executor.map(lambda ep: _reset(ep, factory, policy), wave))
+        list(executor.map(lambda ep: _reset(ep, factory), wave))
         for ep in wave:
             if not ep.done:
                 ep.tokens = policy.encode(policy.render(ep.messages, ep.tools, add_generation_prompt=True))
@@ -215,6 +211,11 @@ def _apply(policy, ep: Episode, action: dict, res: tuple | None, max_turns, max_
 
 
 # --------------------------------------------------------------------------- statistics
+
+def is_constant(rewards: list[float], tol: float = 1e-6) -> bool:
+    """All rewards (of one group) equal within ``tol``: no GRPO gradient."""
+    return max(rewards) - min(rewards) <= tol
+
 
 def mean_ci(values: list[float], z: float = 1.96) -> dict:
     """Mean with a normal-approximation 95% confidence interval (half-width z * s / sqrt(n))."""

@@ -14,6 +14,7 @@ label probabilities. At most 9 adapters (one-digit labels).
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ class Router:
         ids = torch.tensor([p.encode(text)], device=p.device)
         model = p.model
         ctx = model.disable_adapter() if hasattr(model, "disable_adapter") and getattr(
-            model, "peft_config", None) else _Null()
+            model, "peft_config", None) else nullcontext()
         with ctx:
             logits = model(input_ids=ids).logits[0, -1].float()
         label_logits = logits[self.label_ids]
@@ -102,14 +103,6 @@ class Router:
         best = int(torch.argmax(label_logits))
         return {"task": task, "choice": names[best], "label": self.labels[best],
                 "probabilities": dict(zip(names, probs))}
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class RoutedPolicy(Policy):
