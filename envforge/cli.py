@@ -80,14 +80,10 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, b
     from envforge.contract import Limits
     from envforge.gate import audit as run_audit, resolve_env
     from envforge.gate.dynamic import GateSettings
-    from envforge.targets import load_target
 
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
-    if target and target != "example" and not Path(target).exists():
-        raise UsageError(f"--target {target}: no such folder or file; give a target folder, a JSON "
-                         "file of tool schemas, or 'example'")
-    tgt = load_target(target) if target else None
+    tgt = _target(target) if target else None
     settings = GateSettings(seeds=seeds, budget_s=budget,
                             limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
     reports = []
@@ -101,6 +97,16 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, b
     if as_json:
         emit_json({"results": [r.to_dict() for r in reports]})  # each as its report.json
     sys.exit(0 if all(r.accepted for r in reports) else 1)
+
+
+def _target(spec: str):
+    """The --target of audit, identify and synth: one that does not exist is a usage error
+    (exit 2); one that exists but is malformed is a TargetError (exit 1)."""
+    from envforge.targets import load_target
+    if spec != "example" and not Path(spec).exists():
+        raise UsageError(f"--target {spec}: no such folder or file; give a target folder (holding "
+                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
+    return load_target(spec)
 
 
 class _status:
@@ -251,8 +257,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_th
         raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
     meta = None
     if target:
-        from envforge.targets import load_target
-        meta = load_target(target).meta
+        meta = _target(target).meta
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
     report = ident.identify(trajectories, config, meta=meta)
     try:
@@ -299,8 +304,9 @@ def _price(value: str | None) -> tuple[float, float] | None:
 @click.option("--from", "from_file", help="A capabilities.json from 'envforge identify': synthesize "
               "every retained capability, in parallel.")
 @click.option("--all", "include_all", is_flag=True, help="With --from: also the capabilities not retained.")
-@click.option("--trajectories", multiple=True, help="With --from: trajectory files whose failures "
-              "give the LLM example trajectories of each capability (the task ids it lists).")
+@click.option("--trajectories", multiple=True, help="With --from and a capabilities.json of an older "
+              "identify (without example_trajectories): trajectory files whose failures of the task "
+              "ids it lists give the LLM example trajectories.")
 @click.option("--target", "-t", required=True, help="Target folder, tool-schema JSON file, or 'example'.")
 @click.option("--llm", "synthesizer", type=click.Choice(["auto", "template", "openai"]), default="auto",
               show_default=True, help="auto: openai when OPENAI_BASE_URL/OPENAI_API_KEY and --model are "
@@ -336,19 +342,15 @@ def synth(capability, description, from_file, include_all, trajectories, target,
     when every env is accepted, 1 when any is not, 2 on usage errors.
     """
     from envforge import synth as S
-    from envforge.targets import load_target
 
     if bool(capability) == bool(from_file):
         raise UsageError("give either --capability TEXT or --from capabilities.json")
-    if target != "example" and not Path(target).exists():
-        raise UsageError(f"--target {target}: no such folder or file; give a target folder (holding "
-                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
+    tgt = _target(target)
     config = S.SynthConfig(synthesizer=synthesizer, model=model, attempts=attempts, out_dir=out_dir,
                            force=force, seeds=seeds, backend=backend, concurrency=concurrency,
                            temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s,
                            cache_dir=cache_dir, cache=not no_cache, price_per_1k=_price(price))
     kind = S.resolve_synthesizer(config)
-    tgt = load_target(target)
     if capability:
         specs = [S.CapabilitySpec(capability, description)]
         if kind == "template":
@@ -512,11 +514,16 @@ def calibrate(env, model, adapter, groups, group_size, max_new_tokens, temperatu
 def route(model, adapters, tasks, tasks_file, examples, threads):
     """Pick an adapter (or none) per task from the base model's label-token logits; JSON out."""
     _need_train_extra()
+    from envforge.errors import InputError
     from trainers.policy import set_threads
     from trainers.router import Router
     texts = list(tasks)
     if tasks_file:
-        for line in Path(tasks_file).read_text().splitlines():
+        try:
+            lines = Path(tasks_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"cannot read the task file {tasks_file}: {e}") from None
+        for line in lines:
             if line.strip():
                 try:
                     item = json.loads(line)
@@ -540,33 +547,44 @@ def route(model, adapters, tasks, tasks_file, examples, threads):
 @click.option("--tasks", "tasks_file", help="Instead of ENV: a JSON/JSONL list of {\"env\", \"seed\"}.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy.")
+@click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
+              help="Routed --adapters: examples per capability shown to the router.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_backend_opt
 @_threads_opt
 def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_tokens, temperature,
-          as_json, backend, threads):
+          examples, as_json, backend, threads):
     """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
     --adapter, routed --adapters, or --adapters --merge."""
+    if adapter and adapters:
+        raise UsageError("--adapter and --adapters conflict: give one adapter, or a folder of them")
+    if merge and not adapters:
+        raise UsageError("--merge needs --adapters (the folder of adapters to merge)")
+    if not tasks_file and not env:
+        raise UsageError("give ENV or --tasks FILE")
+    ids = []
+    if not tasks_file:
+        try:
+            if "-" in seeds and "," not in seeds:
+                a, b = seeds.split("-")
+                ids = list(range(int(a), int(b) + 1))
+            else:
+                ids = [int(s) for s in seeds.split(",")]
+        except ValueError:
+            pass
+        if not ids:
+            raise UsageError(f"--seeds {seeds!r}: want a range 'A-B' with A <= B (e.g. 0-19) or a "
+                             "list 'a,b,c' of integers (e.g. 0,5,9)")
     _need_train_extra()
     from trainers.evaluate import evaluate, read_tasks
     from trainers.policy import load_policy, set_threads
     from trainers.router import RoutedPolicy, merged_policy
     set_threads(threads)
-    if tasks_file:
-        tasks = read_tasks(tasks_file)
-    elif env:
-        if "-" in seeds and "," not in seeds:
-            a, b = seeds.split("-")
-            ids = list(range(int(a), int(b) + 1))
-        else:
-            ids = [int(s) for s in seeds.split(",")]
-        tasks = [{"env": env, "seed": s} for s in ids]
-    else:
-        raise UsageError("give ENV or --tasks FILE")
+    tasks = read_tasks(tasks_file) if tasks_file else [{"env": env, "seed": s} for s in ids]
     if adapters and merge:
         policy = merged_policy(model, adapters)
     elif adapters:
-        policy = RoutedPolicy.load(model, adapters)
+        policy = RoutedPolicy.load(model, adapters, examples=examples)
     else:
         policy = load_policy(model, adapter=adapter)
     result = evaluate(policy, tasks, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -18,8 +18,9 @@ trajectories to find the capabilities it lacks.
    Runs: the labels are computed once; each of the N runs then resamples the trajectories with
    replacement (a bootstrap, successes and failures separately, seed ``seed + run``) and
    recomputes the statistics, so K-of-N asks whether the selection is stable under resampling.
-   With the LLM labeller the runs also differ in discovery: run r samples its own batches of
-   failures with its own seed. With ``runs == 1`` the single run is the full data.
+   With the LLM labeller too the runs differ only by the bootstrap: discovery samples batches of
+   failures with seed ``seed + run`` for each run, but all runs' proposals are pooled into one
+   candidate list, labelled once. With ``runs == 1`` the single run is the full data.
 
 When a rate is undefined (no LACKING or PRESENT label in that group) it is reported as null;
 an undefined ER+ counts as 0 in the gap (no success gives evidence of a background rate).
@@ -306,15 +307,17 @@ def rule_argument_precision(v: View) -> str:
 
     Each expected write is matched with the agent's call of the same tool whose arguments differ
     least (only the ``compare_args`` when the task names them). LACKING when a matched call
-    differs in a non-numeric argument (an id, a name, a list of other length, a missing key);
-    numeric differences belong to structured data reasoning. PRESENT when every matched call
-    agrees on them; NA when no expected write was matched (unknown, or never made).
+    differs other than by one number for another (an id, a name, a list of other length, a
+    missing key, a number given as a string); a wrong number belongs to structured data
+    reasoning. PRESENT when every matched call agrees on them; NA when no expected write was
+    matched (unknown, or never made).
     """
     pairs = write_pairs(v)
     if not pairs:
         return NA
     for e, c in pairs:
-        if any(not _is_number(exp) for _, exp, _ in _diffs(_compared(e), c.arguments)):
+        if any(not (_is_number(exp) and _is_number(act))
+               for _, exp, act in _diffs(_compared(e), c.arguments)):
             return LACKING
     return PRESENT
 
@@ -323,9 +326,10 @@ def rule_structured_data_reasoning(v: View) -> str:
     """Structured data reasoning: numbers the agent computes (amounts, prices, counts) are right.
 
     Over the same matched pairs as argument precision, looks only at numeric leaves of the
-    expected arguments (``payment_methods[0].amount``, ``total_baggages``). LACKING when any
-    differs; PRESENT when there are numeric leaves and all agree; NA when no matched expected
-    write has a numeric argument.
+    expected arguments (``payment_methods[0].amount``, ``total_baggages``). LACKING when the
+    agent gave another number for one (a missing one, or one given as a string, is argument
+    precision); PRESENT when there are numeric leaves and none is another number; NA when no
+    matched expected write has a numeric argument.
     """
     judged = False
     for e, c in write_pairs(v):
@@ -333,7 +337,7 @@ def rule_structured_data_reasoning(v: View) -> str:
         if not any(_is_number(x) for x in _values(args)):
             continue
         judged = True
-        if any(_is_number(exp) for _, exp, _ in _diffs(args, c.arguments)):
+        if any(_is_number(exp) and _is_number(act) for _, exp, act in _diffs(args, c.arguments)):
             return LACKING
     return PRESENT if judged else NA
 
@@ -537,38 +541,51 @@ def _std(xs: list[float]) -> float | None:
 
 
 def select(capabilities: Sequence[Capability], labels: Sequence[dict[str, str]],
-           trajectories: Sequence[Trajectory], config: IdentifyConfig) -> list[dict]:
-    """One entry per capability (the capabilities.json format), kept ones first, by gap."""
-    success = [t.reward >= config.success_threshold for t in trajectories]
+           trajectories: Sequence[Trajectory], success: Sequence[bool],
+           config: IdentifyConfig) -> list[dict]:
+    """One entry per capability (the capabilities.json format), kept ones first, by gap.
+    ``success``: per trajectory, whether it succeeded (reward >= the threshold)."""
     out = []
     for cap in capabilities:
         labs = [lab.get(cap.name, NA) for lab in labels]
         st = capability_stats(labs, success)
         runs = run_statistics(labs, success, config)
-        failing: dict[str, Trajectory] = {}  # task id -> its first failing trajectory
+        # (source file, task id) -> its first trajectory that failed and lacked the capability
+        # (task ids repeat across files: tau2 airline and retail both number theirs from 0)
+        failing: dict[tuple, Trajectory] = {}
         for t, lab, ok in zip(trajectories, labs, success):
             if lab == LACKING and not ok:
-                failing.setdefault(t.task_id, t)
-        examples = list(failing)
+                failing.setdefault((t.metadata.get("source"), t.task_id), t)
+        examples = list(dict.fromkeys(t.task_id for t in failing.values()))
         tasks = list(dict.fromkeys(filter(None, map(task_text, failing.values()))))
         out.append({"name": cap.name, "description": cap.description,
                     "er_plus": _r(st["er_plus"]), "er_minus": _r(st["er_minus"]),
                     "gap": _r(st["gap"]), "coverage": _r(st["coverage"]),
                     "retained": runs["retained_in"] >= config.k,
                     "counts": st["counts"], "examples": examples,
-                    "example_tasks": tasks[:EXAMPLE_TASKS], "runs": runs})
+                    "example_tasks": tasks[:EXAMPLE_TASKS],
+                    "example_trajectories": [render(t) for t in
+                                             list(failing.values())[:EXAMPLE_TRAJECTORIES]],
+                    "runs": runs})
     out.sort(key=lambda c: (not c["retained"], -(c["gap"] if c["gap"] is not None else -2)))
     return out
 
 
 EXAMPLE_TASKS, EXAMPLE_TASK_CHARS = 3, 300
+EXAMPLE_TRAJECTORIES = 2  # rendered failing trajectories per capability, for the LLM synthesizer
 
 
 def task_text(t: Trajectory) -> str:
     """A trajectory's task as its user first put it (whitespace collapsed, cut to 300 chars):
     what a router sees of a new task, so ``example_tasks`` show it what this capability's tasks
     look like."""
-    first = next((m.get("content") for m in t.messages
+    return first_user_text(t.messages)
+
+
+def first_user_text(messages: list[dict]) -> str:
+    """The first non-empty user message of ``messages`` in ``task_text``'s form (the router's
+    view of an env episode's task too)."""
+    first = next((m.get("content") for m in messages
                   if m.get("role") == "user" and isinstance(m.get("content"), str)
                   and m["content"].strip()), "")
     text = " ".join(first.split())
@@ -794,7 +811,7 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
         "settings": {"delta": config.delta, "rho": config.rho, "runs": config.runs,
                      "min_runs": config.k, "success_threshold": config.success_threshold,
                      "seed": config.seed},
-        "capabilities": select(caps, labels, trajectories, config),
+        "capabilities": select(caps, labels, trajectories, success, config),
         **extra,
     }
     return report

@@ -236,20 +236,25 @@ class LLMClient:
     def _cache_put(self, key: str, request: dict, content: str, usage: dict | None = None) -> None:
         if self.cache_dir is None:
             return
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, "request": request, "response": {"content": content},
                  "base_url": self.base_url, "time": time.time()}
         if usage is not None:
             entry["usage"] = usage
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(self._path(key), json.dumps(entry, ensure_ascii=False))
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (making its folder) through a temporary file renamed into
+    place, so that a killed run leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _usage(resp: Any) -> dict | None:

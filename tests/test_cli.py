@@ -91,3 +91,14 @@ def test_malformed_target_exits_1(tmp_path):
     p = run("audit", str(GOOD_DIR), "--target", str(tmp_path / "tools.json"), "--static-only")
     assert p.returncode == 1 and "not valid JSON" in p.stderr
     _no_traceback(p)
+
+
+def test_a_missing_target_is_a_usage_error_in_every_command(tmp_path):
+    traj = tmp_path / "t.jsonl"
+    traj.write_text(json.dumps({"task_id": "1", "reward": 1.0, "messages": [
+        {"role": "user", "content": "hi"}]}) + "\n")
+    for args in (["audit", str(GOOD_DIR)], ["identify", str(traj)],
+                 ["synth", "--capability", "precondition verification"]):
+        p = run(*args, "--target", str(tmp_path / "nowhere"))
+        assert p.returncode == 2 and "no such folder or file" in p.stderr, (args, p.stderr)
+        _no_traceback(p)

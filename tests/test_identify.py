@@ -159,15 +159,40 @@ def test_identify_report_shape_and_k_of_n_decides():
     assert report["trajectories"] == {"total": 40, "successes": 20, "failures": 20}
     conf = next(c for c in report["capabilities"] if c["name"] == "confirmation before write")
     assert set(conf) == {"name", "description", "er_plus", "er_minus", "gap", "coverage",
-                         "retained", "counts", "examples", "example_tasks", "runs"}
+                         "retained", "counts", "examples", "example_tasks",
+                         "example_trajectories", "runs"}
     assert (conf["er_plus"], conf["er_minus"], conf["gap"], conf["coverage"]) == (0.05, 0.6, 0.55, 0.6)
     assert conf["retained"] and conf["runs"]["retained_in"] >= 8
     assert conf["examples"] == [f"f{i}" for i in range(12)]
     assert conf["example_tasks"] == ["cancel R1"]  # the tasks' first user messages, deduplicated
     assert report["capabilities"][0] is conf  # kept ones first
+    # the first two failing trajectories that lacked it, rendered for the LLM synthesizer
+    assert [x.splitlines()[0] for x in conf["example_trajectories"]] == ["USER: cancel R1"] * 2
+    assert "Cancelling now." in conf["example_trajectories"][0]
     pre = next(c for c in report["capabilities"] if c["name"] == "precondition verification")
     assert pre["gap"] == 0.0 and not pre["retained"] and pre["examples"] == pre["example_tasks"] == []
     json.dumps(report)  # plain JSON
+
+
+def test_examples_are_the_failures_that_lacked_it_keyed_by_file_and_task_id():
+    """Task ids repeat across files (tau2 airline and retail both start at 0): the example
+    trajectories are those that failed (under identify's threshold) and lacked the capability."""
+    def run(source: str, text: str, reward: float, confirm: bool) -> Trajectory:
+        parts = [user(text), *call("get_reservation_details", {"reservation_id": "R1"})]
+        parts += [*CONFIRM] if confirm else [say("Cancelling now.")]
+        parts += call("cancel_reservation", {"reservation_id": "R1"})
+        t = traj(*parts, reward=reward, task_id="0")
+        t.metadata["source"] = source
+        return t
+    ts = [run("d.json", "d passed at 0.5", 0.5, False),  # a success under --success-threshold 0.5
+          run("a.json", "a failed otherwise", 0.0, True),
+          run("b.json", "b unconfirmed", 0.0, False), run("b.json", "b again", 0.0, False),
+          run("c.json", "c unconfirmed", 0.0, False), run("a.json", "a passed", 1.0, True)]
+    report = identify(ts, IdentifyConfig(runs=1, success_threshold=0.5))
+    conf = next(c for c in report["capabilities"] if c["name"] == "confirmation before write")
+    assert conf["examples"] == ["0"] and conf["example_tasks"] == ["b unconfirmed", "c unconfirmed"]
+    assert [x.splitlines()[0] for x in conf["example_trajectories"]] == [
+        "USER: b unconfirmed", "USER: c unconfirmed"]
 
 
 # ============================================================================= structural rules
@@ -231,6 +256,13 @@ def test_argument_precision_and_structured_data_reasoning():
     assert (label(t, prec), label(t, data)) == (LACKING, PRESENT)
     t = agent(payment=[{"id": "gc_1", "amount": 255}])
     assert (label(t, prec), label(t, data)) == (PRESENT, LACKING)
+    # a number missing, or given as a string, is imprecision, not arithmetic
+    t = agent(payment=[{"id": "gc_1"}])
+    assert (label(t, prec), label(t, data)) == (LACKING, PRESENT)
+    t = agent(payment=[{"id": "gc_1", "amount": "250"}])
+    assert (label(t, prec), label(t, data)) == (LACKING, PRESENT)
+    t = traj(*call("update_baggages", {}), expected=[("update_baggages", {"total_baggages": 2})])
+    assert (label(t, prec), label(t, data)) == (LACKING, PRESENT)
     t = agent(item_ids=["i1"])  # a list of another length
     assert label(t, prec) == LACKING
     # the closest of several calls is judged: a failed attempt then the right one
@@ -406,6 +438,10 @@ def test_real_trajectories():
     assert by[("tau2_airli", "1")]["policy adherence / refusal"] == LACKING
     # tau2 airline task 0: a transfer where the task wanted a refusal (yet it passed)
     assert by[("tau2_airli", "0")]["escalation judgement"] == LACKING
+    # task 4 failed lacking escalation judgement in two files: both are examples
+    esc = next(c for c in report["capabilities"] if c["name"] == "escalation judgement")
+    assert esc["examples"] == ["4"] and len(esc["example_trajectories"]) == 2
+    assert len(set(esc["example_trajectories"])) == 2
 
 
 def test_cli_without_matplotlib_warns_and_writes_into_new_folders(tmp_path, monkeypatch):

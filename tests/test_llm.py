@@ -72,9 +72,9 @@ def test_a_failed_cache_write_leaves_nothing(server, tmp_path, monkeypatch):
     server.reply("x")
     client = make_client(server, tmp_path)
 
-    def broken_dump(*a, **k):
+    def broken_replace(*a, **k):  # the entry is written to a temporary file; moving it fails
         raise OSError("disk full")
-    monkeypatch.setattr("envforge.llm.json.dump", broken_dump)
+    monkeypatch.setattr("envforge.llm.os.replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         client.chat(HELLO)
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []

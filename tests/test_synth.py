@@ -261,6 +261,38 @@ def test_load_capabilities_renders_failing_examples(tmp_path):
     assert isinstance(specs[0], CapabilitySpec)
 
 
+def test_load_capabilities_takes_the_examples_identify_wrote(tmp_path):
+    """identify renders the failures that lacked the capability (by file and task id); a
+    re-lookup by task id would take the first failure of id "0" in any file."""
+    from envforge.identify import IdentifyConfig, identify
+
+    def run(source, text, reward, confirmed):
+        msgs = [{"role": "user", "content": text}]
+        if confirmed:
+            msgs += [{"role": "assistant", "content": "Shall I cancel R1?"},
+                     {"role": "user", "content": "Yes, go ahead."}]
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                  "function": {"name": "cancel_reservation", "arguments": '{"reservation_id": "R1"}'}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+        return Trajectory("0", msgs, reward, reward >= 1.0, None, {"source": source})
+    ts = [run("a.json", "a: failed for another reason", 0.0, True),
+          run("b.json", "b: cancelled unasked", 0.0, False), run("c.json", "c: passed", 1.0, True)]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(identify(ts, IdentifyConfig(runs=1))))
+    spec = next(s for s in load_capabilities(path, retained_only=False, trajectories=ts)
+                if s.name == "confirmation before write")
+    assert len(spec.examples) == 1 and spec.examples[0].startswith("USER: b: cancelled unasked")
+
+
+def test_load_capabilities_fallback_uses_the_threshold_identify_used(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"settings": {"success_threshold": 0.5}, **CAPS}))
+    half = Trajectory("t1", [{"role": "user", "content": "half right"}], 0.5, False)
+    wrong = Trajectory("t2", [{"role": "user", "content": "all wrong"}], 0.0, False)
+    spec = load_capabilities(path, trajectories=[half, wrong])[0]
+    assert len(spec.examples) == 1 and "all wrong" in spec.examples[0]
+
+
 def test_import_synth_is_light():
     code = ("import sys, envforge.synth, envforge.synth.templates, envforge.synth.llm; "
             "print(' '.join(sorted(sys.modules)))")

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,8 +36,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from envforge import __version__
-from envforge.contract import Report, canonical_json
+from envforge.contract import Report
 from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.llm import atomic_write, request_key, run_concurrently
 from envforge.synth.classify import Unsupported
 from envforge.synth.families import FAMILIES, Family, family_list, match_family
 from envforge.targets import EXAMPLES, Target, load_target
@@ -175,8 +175,11 @@ def slug_for(capability: str, target: Target, family: Family | None) -> str:
 def load_capabilities(path: str | Path, retained_only: bool = True,
                       trajectories: Sequence[Any] | None = None, examples_per: int = 2) -> list[CapabilitySpec]:
     """The capabilities of a ``capabilities.json`` (``envforge identify``'s output), retained
-    ones only by default. ``trajectories`` (loaded ones) supply the failing examples, rendered,
-    for the task ids each capability lists."""
+    ones only by default, with the failing example trajectories identify rendered into it
+    (``example_trajectories``). For a file of an older identify without them, ``trajectories``
+    (loaded ones) supply them: the first failure (under the threshold the file records) of each
+    task id the capability lists, which may be another file's task of the same id, or a trial
+    that failed for another reason."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -188,9 +191,11 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
     if not isinstance(caps, list):
         raise InputError(f"{p}: expected {{\"capabilities\": [{{\"name\", \"description\", \"retained\", "
                          "...}]} as written by envforge identify")
+    settings = data.get("settings")
+    threshold = settings.get("success_threshold") if isinstance(settings, dict) else None
     by_task: dict[str, list] = {}
     for t in trajectories or []:
-        if not getattr(t, "success", True):
+        if (t.reward < threshold) if isinstance(threshold, (int, float)) else not t.success:
             by_task.setdefault(str(t.task_id), []).append(t)
     out = []
     for i, c in enumerate(caps):
@@ -215,20 +220,8 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
 # ============================================================================= files
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_json(path: Path, data: Any) -> None:
-    _atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _read_json(path: Path) -> Any:
@@ -330,7 +323,7 @@ class _Run:
     def audit(self, code: str) -> Report:
         from envforge.gate import audit
         from envforge.gate.dynamic import GateSettings
-        _atomic_write(self.folder / "env.py", code)
+        atomic_write(self.folder / "env.py", code)
         self.manifest["code_sha256"] = sha256(code)
         self.save(None)  # an interruption from here on leaves a folder marked unfinished
         self.say("gate: waiting for the gate")
@@ -414,7 +407,7 @@ def _llm(run: _Run, client: Any) -> SynthResult:
                            timeout_s=run.config.timeout_s, max_retries=run.config.max_retries)
     run.manifest["model"] = client.model
     first = prompt_messages(run.spec.name, run.spec.description, run.target, run.spec.examples)
-    run.manifest["prompt_sha256"] = hashlib.sha256(canonical_json(first).encode()).hexdigest()
+    run.manifest["prompt_sha256"] = request_key(first)
     params: dict[str, Any] = {"temperature": run.config.temperature}
     if run.config.max_tokens:
         params["max_tokens"] = run.config.max_tokens
@@ -455,8 +448,6 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
     a capability that fails is an ``error`` result, not an exception (UsageError aside). Two
     capabilities that would write the same folder (the same template family) run once: the
     later one is an ``error`` result naming the first."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
     config = config or SynthConfig()
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
@@ -508,13 +499,10 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
                     bar.remove_task(task)
                     bar.advance(overall)
 
-    pool = ThreadPoolExecutor(max_workers=max(1, min(config.concurrency, len(todo) or 1)))
     try:
-        futures = {pool.submit(one, i): i for i in todo}
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
+        for i, r in zip(todo, run_concurrently(one, todo, config.concurrency)):
+            results[i] = r
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.stop()
     return [r for r in results if r is not None]

@@ -327,7 +327,6 @@ class Reader:
     tool: str
     mode: str      # key / any_id / key_owner / search / owner / listing
     param: str | None = None
-    role: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -438,9 +437,9 @@ class Catalog:
             return Reader(search[0].name, "search", key)
         if owner is not None and owner.reader and owner.reader_param == owner.param:
             return Reader(owner.reader, "owner", owner.param)
-        listing = [t for t in self.reads if not t.params and (owner is None or owner.listing == t.name)]
-        if owner is not None and owner.listing:
-            return Reader(owner.listing, "listing", None)
+        if owner is not None:
+            return Reader(owner.listing, "listing", None) if owner.listing else None
+        listing = [t for t in self.reads if not t.params]
         if listing and stem(key) in listing[0].name:
             return Reader(listing[0].name, "listing", None)
         return None

@@ -20,7 +20,7 @@ import json
 import re
 
 from envforge import contract as C
-from envforge.contract import Finding, Report, error
+from envforge.contract import Finding, error
 from envforge.targets import Target
 
 
@@ -251,6 +251,3 @@ def repair_message(findings: list[dict], code: str | None, stats: dict | None = 
     lines += ["", "Reply with the complete corrected env.py in one ```python block."]
     return "\n".join(lines)
 
-
-def findings_of(report: Report) -> list[dict]:
-    return [f.to_dict() for f in report.findings]

@@ -205,7 +205,7 @@ def plan(family: Family | str, target: Target, catalog: Catalog | None = None) -
     }
     skills = _skills(slug, p, c, catalog)
     return {"family": family, "candidate": c, "plan": p, "roles": roles, "tools": tools,
-            "skills": skills, "policy": _policy(slug, p, roles), "catalog": catalog}
+            "skills": skills, "policy": _policy(slug, p, roles)}
 
 
 def _title(param: str) -> str:
