@@ -15,13 +15,22 @@ machine hits all modes alike:
   blocking and once waiting the way the sandboxes wait (spin briefly, then block); the faster of
   the two is the floor for any out-of-process design.
 
-Per-step overhead of a sandbox = its median step latency - the ``inprocess`` median (the
-boundary's cost), over the pipe round trip. It is paired by round (each round's own medians, then
-the median over rounds): this VM's speed drifts by tens of percent within seconds, which a
-difference of two whole-run medians would carry. The same for a ``ping`` (a message of a few bytes
-and no env code: the protocol machinery alone). Goals (issue 3): process within 1.5x the pipe,
-Docker within 3x; warm acquire under 50 ms; cold Docker start under 1 s. Prints a table and
-writes JSON.
+Two measures of what a sandbox adds to a step, each paired by round (each round's own figures,
+then the median over rounds: this VM's speed drifts by tens of percent within seconds, which a
+difference of two whole-run medians would carry), each also over that round's pipe floor:
+
+- ``overhead``: its median step latency - the ``inprocess`` median. This also carries how fast
+  the runner's process happens to run the env's code against this one, and on this VM two plain
+  processes running the same code differ by up to tens of percent, either way, for a whole run:
+  the ``control`` row measures it (the direct calls in an unsandboxed child process, against this
+  process), so a 40 µs env moves ``overhead`` by several µs with no sandbox at all;
+- ``crossing``: per step, latency - the runner's own time answering it (``Sandbox.stats()``, its
+  clock around its request handling), median per round, minus the same for ``inprocess``: the
+  boundary's cost with the env's code taken out. The goals are judged on it.
+
+The same for a ``ping`` (a message of a few bytes and no env code: the protocol machinery alone).
+Goals (issue 3): process within 1.5x the pipe, Docker within 3x; warm acquire under 50 ms; cold
+Docker start under 1 s. Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -102,17 +111,23 @@ class Direct:
 
 
 class Player:
-    """Plays reference episodes over the seeds, round-robin; records step latencies."""
+    """Plays reference episodes over the seeds, round-robin; records step latencies and, where
+    the sandbox reports them (``stats``), the runner's own time for each step."""
 
     def __init__(self, sandbox, plans: dict):
         self.sandbox, self.plans = sandbox, plans
         self.instance = sandbox.new() if hasattr(sandbox, "new") else 0
         self.seeds = iter(())
         self.times: list[float] = []
+        self.crossings: list[float] = []  # per step: latency - the runner's time answering it
+        self.ops: list[str] = []
         self.steps = 0
         self.wall = 0.0
 
     def run(self, steps: int) -> None:
+        if hasattr(self.sandbox, "stats"):
+            self.sandbox.stats()  # start counting here
+        first, self.ops = len(self.times), []
         t0 = time.perf_counter()
         done = 0
         while done < steps:
@@ -121,15 +136,50 @@ class Player:
                 self.seeds = iter(SEEDS)
                 continue
             self.sandbox.reset(self.instance, seed)
+            self.ops.append("reset")
             for action in self.plans[seed]:
                 t = time.perf_counter()
                 _, _, terminated, truncated, _ = self.sandbox.step(self.instance, action)
                 self.times.append(time.perf_counter() - t)
+                self.ops.append("step")
                 done += 1
                 if terminated or truncated:
                     break
         self.steps += done
         self.wall += time.perf_counter() - t0
+        if hasattr(self.sandbox, "stats"):
+            answered = self.sandbox.stats()
+            if len(answered) != len(self.ops):
+                raise RuntimeError(f"the runner timed {len(answered)} answers for {len(self.ops)} requests")
+            mine = [a for a, op in zip(answered, self.ops) if op == "step"]
+            self.crossings += [t - a for t, a in zip(self.times[first:], mine)]
+
+
+class ChildDirect:
+    """The env called directly in a plain child process (no sandbox): a control for how fast two
+    processes run the same code on this machine. Each round: the child's median step."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-s", "-B", __file__, "--child-direct"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def round(self, steps: int) -> float:
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def child_direct() -> None:
+    direct = Direct(ENV.read_text())
+    player = Player(direct, {s: direct.env.solve(s) for s in SEEDS})
+    for line in sys.stdin:
+        player.times.clear()
+        player.run(int(line))
+        print(statistics.median(player.times), flush=True)
 
 
 class Pipe:
@@ -166,7 +216,7 @@ def stats(times: list[float]) -> dict:
             "n": len(s)}
 
 
-def latency(source: str, modes: dict, rounds: int, steps: int) -> tuple[dict, dict]:
+def latency(source: str, modes: dict, rounds: int, steps: int) -> tuple[dict, dict, dict]:
     limits = Limits()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the unsafe-inprocess warning: we know
@@ -185,25 +235,31 @@ def latency(source: str, modes: dict, rounds: int, steps: int) -> tuple[dict, di
     reply = json.dumps({"id": 1, "ok": True, "value": inproc.step(i, plans[0][0])}) + "\n"
     pipe = Pipe(request.encode(), reply.encode())
     spin_pipe = Pipe(request.encode(), reply.encode(), spin=True)
+    child = ChildDirect()
     try:
         for p in players.values():
             p.run(steps // 4)  # warm up
             p.times.clear()
+            p.crossings.clear()
             p.steps, p.wall = 0, 0.0
         for p in (pipe, spin_pipe):
             p.run(50)
             p.times.clear()
+        child.round(steps)
         pings: dict[str, list[float]] = {m: [] for m in players if m != "direct"}
-        by_round: dict[str, list[float]] = {m: [] for m in [*players, "pipe"]}
+        by_round: dict[str, list[float]] = {m: [] for m in [*players, "pipe", "child"]}
+        crossing: dict[str, list[float]] = {m: [] for m in players if m != "direct"}
         for _ in range(rounds):
             pipe.run(steps)
             spin_pipe.run(steps)
             by_round["pipe"].append(min(statistics.median(p.times[-steps:])
                                         for p in (pipe, spin_pipe)))
+            by_round["child"].append(child.round(steps))
             for mode, p in players.items():
                 p.run(steps)
                 by_round[mode].append(statistics.median(p.times[-steps:]))
                 if mode != "direct":
+                    crossing[mode].append(statistics.median(p.crossings[-steps:]))
                     for _ in range(steps):
                         t = time.perf_counter()
                         p.sandbox.ping()
@@ -211,23 +267,37 @@ def latency(source: str, modes: dict, rounds: int, steps: int) -> tuple[dict, di
     finally:
         pipe.kill()
         spin_pipe.kill()
+        child.kill()
         for p in players.values():
             p.sandbox.kill()
     rows = {m: {**stats(p.times), "steps_per_s": p.steps / p.wall} for m, p in players.items()}
     for mode, times in pings.items():
         rows[mode]["ping"] = stats(times)
-    # The overhead, paired by round: this round's sandbox median - this round's inprocess median,
-    # over this round's floor; the median over rounds. Rounds are short, so the machine's speed
-    # (which drifts by tens of percent over seconds on a shared VM) is nearly the same for all
-    # modes within one, while the difference of two whole-run medians would carry that drift.
+    # Paired by round: this round's sandbox figure - this round's inprocess figure, over this
+    # round's floor; the median over rounds. Rounds are short, so the machine's speed (which drifts
+    # by tens of percent over seconds on a shared VM) is nearly the same for all modes within one,
+    # while the difference of two whole-run medians would carry that drift.
+    # - overhead: step latency - the inprocess step latency. It also carries how fast the runner's
+    #   process runs the env's code against this one, which on this VM differs by up to tens of
+    #   percent between any two processes (see the control below);
+    # - crossing: (step latency - the runner's own time answering that step) - the same for
+    #   inprocess: what the boundary costs, the env's code taken out by the runner's clock.
+    floor = by_round["pipe"]
     for mode, meds in by_round.items():
-        if mode in ("direct", "inprocess", "pipe"):
+        if mode in ("direct", "inprocess", "pipe", "child"):
             continue
         over = [m - b for m, b in zip(meds, by_round["inprocess"])]
+        cross = [c - b for c, b in zip(crossing[mode], crossing["inprocess"])]
         rows[mode]["overhead_us"] = statistics.median(over) * 1e6
-        rows[mode]["overhead_vs_pipe"] = statistics.median(
-            o / f for o, f in zip(over, by_round["pipe"]))
-    return rows, {"blocking": stats(pipe.times), "spinning": stats(spin_pipe.times)}
+        rows[mode]["overhead_vs_pipe"] = statistics.median(o / f for o, f in zip(over, floor))
+        rows[mode]["crossing_us"] = statistics.median(cross) * 1e6
+        rows[mode]["crossing_vs_pipe"] = statistics.median(c / f for c, f in zip(cross, floor))
+    ratios = sorted(c / d for c, d in zip(by_round["child"], by_round["direct"]))
+    control = {"child_vs_this_process": statistics.median(ratios),
+               "child_vs_this_process_p10_p90": [ratios[len(ratios) // 10],
+                                                  ratios[len(ratios) * 9 // 10]],
+               "child_median_us": statistics.median(by_round["child"]) * 1e6}
+    return rows, {"blocking": stats(pipe.times), "spinning": stats(spin_pipe.times)}, control
 
 
 def cold_starts(source: str, modes: dict, n: int) -> dict:
@@ -312,7 +382,7 @@ def main() -> None:
     print(f"backends: {', '.join(modes)}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}",
           flush=True)
 
-    rows, pipes = latency(source, modes, args.rounds, args.steps)
+    rows, pipes, control = latency(source, modes, args.rounds, args.steps)
     # The floor is the faster of the two echoes: a sandbox must beat the best plain pipe design.
     pipe = min(pipes.values(), key=lambda p: p["median_us"])
     ping_base = rows["inprocess"]["ping"]["median_us"]
@@ -321,17 +391,23 @@ def main() -> None:
             row["ping"]["overhead_us"] = row["ping"]["median_us"] - ping_base
     goals = {"process": 1.5, "docker": 3.0}
     print(f"\n{'mode':15s}{'steps/s':>10s}{'median µs':>11s}{'p99 µs':>10s}{'overhead µs':>13s}"
-          f"{'x pipe':>8s}{'goal':>7s}{'ping µs':>10s}{'ping ovh':>10s}")
+          f"{'x pipe':>8s}{'crossing µs':>13s}{'x pipe':>8s}{'goal':>7s}{'ping µs':>10s}"
+          f"{'ping ovh':>10s}")
     for kind, p in pipes.items():
         print(f"{'pipe echo, ' + kind[:5]:15s}{'':>10s}{p['median_us']:11.1f}{p['p99_us']:10.1f}")
     for mode, row in rows.items():
-        extra = f"{'':>28s}" if mode in ("direct", "inprocess") else (
+        extra = f"{'':>49s}" if mode in ("direct", "inprocess") else (
             f"{row['overhead_us']:13.1f}{row['overhead_vs_pipe']:8.2f}"
+            f"{row['crossing_us']:13.1f}{row['crossing_vs_pipe']:8.2f}"
             + (f"{goals[mode]:7.1f}" if mode in goals else f"{'':7s}"))
         if "ping" in row:
             extra += f"{row['ping']['median_us']:10.1f}{row['ping']['overhead_us']:10.1f}"
         print(f"{mode:15s}{row['steps_per_s']:10.0f}{row['median_us']:11.1f}{row['p99_us']:10.1f}"
               + extra, flush=True)
+    lo, hi = control["child_vs_this_process_p10_p90"]
+    print(f"control: the same direct calls in a plain child process take "
+          f"{control['child_vs_this_process']:.2f}x this process's time (rounds p10-p90 "
+          f"{lo:.2f}-{hi:.2f}): how far 'overhead' may move without any sandbox", flush=True)
 
     starts = cold_starts(source, modes, args.starts)
     acquires = warm_acquires(source, {m: b for m, b in modes.items() if m != "docker-attach"},
@@ -348,7 +424,7 @@ def main() -> None:
     for mode, by in pools.items():
         print(f"{mode:15s}" + "".join(f"{by[w]:12.0f}" for w in ("1", "2", "4")))
 
-    result = {"pipe": pipe, "pipes": pipes, "steps": rows, "cold_start": starts, "warm_acquire": acquires,
+    result = {"pipe": pipe, "pipes": pipes, "steps": rows, "process_speed_control": control, "cold_start": starts, "warm_acquire": acquires,
               "pool_steps_per_s": pools,
               "goals": {"process_overhead_vs_pipe": 1.5, "docker_overhead_vs_pipe": 3.0,
                         "warm_acquire_ms": 50, "docker_cold_start_ms": 1000},
@@ -361,4 +437,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--child-direct"]:
+        child_direct()
+    else:
+        main()

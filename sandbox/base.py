@@ -11,6 +11,8 @@ Protocol (one JSON object per line, UTF-8, in both directions; see ``runner.py``
                                                   -> value: [obs, reward, terminated, truncated, info]
     host -> runner   {"id": 5, "op": "solve", "instance": 0, "seed": 7}  -> value: [message, ...]
     host -> runner   {"id": 6, "op": "ping"}                         -> value: "pong"
+    host -> runner   {"id": 7, "op": "stats"}   -> value: seconds the runner took to answer each
+                                                   request since the last stats (diagnostics)
     on failure       {"id": n, "ok": false, "error": {"kind": "env"|"json"|"contract"|"protocol",
                                                       "type": "KeyError", "message": ..., "traceback": ...}}
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -38,8 +39,7 @@ from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, Sandbox
 
 SPIN_S = 200e-6
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
-_busy = [0]                # calls of this process waiting for a sandbox's reply
-_busy_lock = threading.Lock()
+_busy: set = set()         # the sandboxes of this process with a call waiting for a reply
 _SPIN_MAX = max(1, (os.cpu_count() or 1) // 2)  # calls in flight that may spin: half the cores
 
 
@@ -47,7 +47,7 @@ def spin_allowed() -> bool:
     """Whether waiting by spinning pays: only while the calls in flight fit in half the cores
     (each spins on the host and its runner works); beyond, spinning steals the CPU that the
     sandboxes need, and blocking is faster."""
-    return _busy[0] <= _SPIN_MAX
+    return len(_busy) <= _SPIN_MAX
 
 
 def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list:
@@ -91,39 +91,37 @@ def check_hash_seed(hash_seed: int) -> None:
 
 
 class LineBuffer:
-    """Bytes received from a runner, cut into protocol lines; scans each byte for a newline once.
-    A chunk that is exactly one whole line (the usual reply) is handed back as is, uncopied."""
+    """Bytes received from a runner, cut into protocol lines; scans each byte for a newline once."""
 
     def __init__(self) -> None:
-        self.data, self._scanned, self._line = bytearray(), 0, None
+        self.data, self._scanned = bytearray(), 0
 
     def __iadd__(self, chunk: bytes) -> "LineBuffer":
-        if (self._line is None and not self.data and chunk.endswith(b"\n")
-                and chunk.find(b"\n") == len(chunk) - 1):
-            self._line = chunk
-            return self
-        if self._line is not None:
-            self.data += self._line
-            self._line = None
         self.data += chunk
         return self
+
+    def add(self, chunk: bytes, max_bytes: int) -> bytes | None:
+        """Add ``chunk``; the first complete line now held (see ``pop_line``), or None."""
+        if not self.data and chunk.find(b"\n") == len(chunk) - 1 >= 0:
+            if len(chunk) > max_bytes + 1:  # the usual case: one whole line, handed back at once
+                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+            return chunk[:-1]
+        self.data += chunk
+        return self.pop_line(max_bytes)
 
     def pop_line(self, max_bytes: int) -> bytes | None:
         """The next complete line (without its newline), or None while there is none.
 
         Raises SandboxProtocolError when a line is, or is growing, longer than ``max_bytes``."""
-        if self._line is not None:
-            line, self._line = self._line[:-1], None
-        else:
-            nl = self.data.find(b"\n", self._scanned)
-            if nl < 0:
-                self._scanned = len(self.data)
-                if len(self.data) > max_bytes:
-                    raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
-                return None
-            line = bytes(self.data[:nl])
-            del self.data[:nl + 1]
-            self._scanned = 0
+        nl = self.data.find(b"\n", self._scanned)
+        if nl < 0:
+            self._scanned = len(self.data)
+            if len(self.data) > max_bytes:
+                raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+            return None
+        line = bytes(self.data[:nl])
+        del self.data[:nl + 1]
+        self._scanned = 0
         if len(line) > max_bytes:
             raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
         return line
@@ -178,8 +176,7 @@ class Sandbox:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
         deadline, late = time.monotonic() + timeout, "read its request"
-        with _busy_lock:
-            _busy[0] += 1
+        _busy.add(self)  # one call at a time per sandbox; set.add is atomic
         try:
             self.transport.send(line.encode(), deadline)
             late = "answer"
@@ -196,8 +193,7 @@ class Sandbox:
             self.kill()
             raise
         finally:
-            with _busy_lock:
-                _busy[0] -= 1
+            _busy.discard(self)
         try:
             reply = json.loads(raw.decode())  # str: skips json's encoding sniffing
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
@@ -237,6 +233,17 @@ class Sandbox:
 
     def ping(self, timeout: float | None = None) -> bool:
         return self.call("ping", timeout=timeout) == "pong"
+
+    def stats(self) -> list[float]:
+        """Seconds the runner took to answer each request since the last ``stats()`` (the last
+        10,000), by its own clock: the env's time without the boundary's. Diagnostics only (a
+        reply from untrusted code); SandboxProtocolError when it is not a list of numbers."""
+        times = self.call("stats")
+        if not isinstance(times, list) or not all(type(t) in (int, float) for t in times):
+            self.kill()
+            raise SandboxProtocolError("stats: the sandbox answered something else than a list "
+                                       "of seconds")
+        return times
 
     # ---------------------------------------------------------------- lifetime
     def kill(self) -> None:

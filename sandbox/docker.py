@@ -270,7 +270,9 @@ class ContainerTransport(Transport):
                     self._eof = True
                     raise SandboxCrashed("the runner exited")
                 else:
-                    self._out += chunk
+                    line = self._out.add(chunk, max_bytes)
+                    if line is not None:
+                        return line
         return line
 
     def _demux(self, chunk: bytes) -> None:

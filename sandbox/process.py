@@ -89,8 +89,9 @@ class PipeTransport(Transport):
                       deadline)
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
+        line = self._buf.pop_line(max_bytes) if self._buf.data else None
         deadline = time.monotonic() + timeout
-        while (line := self._buf.pop_line(max_bytes)) is None:
+        while line is None:
             if not poll_spinning(self._poll_out, deadline - time.monotonic()):
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
             try:
@@ -100,7 +101,7 @@ class PipeTransport(Transport):
             if not chunk:
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
-            self._buf += chunk
+            line = self._buf.add(chunk, max_bytes)
         return line
 
     def _status(self) -> int | None:

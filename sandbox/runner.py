@@ -3,7 +3,7 @@
 Started as ``python -s -B runner.py [--seccomp]`` behind an isolation boundary (a process sandbox
 or a container). Standard library only; ``pyseccomp`` is used when asked for. It speaks the line
 protocol of ``sandbox/base.py``: one JSON request per line on stdin, one JSON reply per line on
-the original stdout (ops: load, new, reset, step, solve, ping). Before any env code runs it
+the original stdout (ops: load, new, reset, step, solve, ping, stats). Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
   at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
@@ -52,6 +52,7 @@ CLONE_THREAD = 0x00010000
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 COMPACT = (",", ":")
 ENCODE = json.JSONEncoder(allow_nan=False, separators=COMPACT).encode
+TIMES_KEPT = 10_000  # "stats" returns at most this many answer times
 RESULTS = {"reset": ("observation", "info"),
            "step": ("observation", "reward", "terminated", "truncated", "info")}
 
@@ -147,6 +148,7 @@ class Runner:
     def __init__(self, sandbox_info):
         self.sandbox_info, self.module, self.env_cls = sandbox_info, None, None
         self.instances, self.filename = [], "env.py"
+        self.times = []  # seconds each answer took since the last "stats" (None: answering one)
 
     def call(self, fn, *args):
         """Run env code; any exception becomes an "env" failure with the env's own frames."""
@@ -197,11 +199,14 @@ class Runner:
         op = req.get("op")
         if op == "ping":
             return '"pong"'
+        if op == "stats":
+            times, self.times = self.times[-TIMES_KEPT:], None
+            return ENCODE(times)
         if op == "load":
             return self.load(req)
         if op not in ("new", "reset", "step", "solve"):
             raise Failure("protocol", f"unknown op {op!r}; known: load, new, reset, step, "
-                                      "solve, ping")
+                                      "solve, ping, stats")
         if self.module is None:
             raise Failure("protocol", f"{op} before load: load an env first")
         if op == "new":
@@ -227,7 +232,19 @@ class Runner:
 
     def answer(self, line):
         """(the reply line without its newline, None) for one request line; when the reply is an
-        error, the error dict instead of None."""
+        error, the error dict instead of None. Keeps the time it took for op "stats"."""
+        start = time.perf_counter()
+        try:
+            return self.reply(line)
+        finally:
+            if self.times is None:  # that was "stats": count afresh from the next request
+                self.times = []
+            else:
+                self.times.append(time.perf_counter() - start)
+                if len(self.times) > 2 * TIMES_KEPT:
+                    del self.times[:TIMES_KEPT]
+
+    def reply(self, line):
         rid = None
         try:
             req = json.loads(line.decode())  # str: skips json's encoding sniffing

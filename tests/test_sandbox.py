@@ -342,7 +342,7 @@ def test_wrong_shapes_and_protocol_errors(make):
     with pytest.raises(EnvCallError) as e:
         sb.call("jump")
     assert (e.value.kind, e.value.message) == (
-        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, ping")
+        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, ping, stats")
     with pytest.raises(EnvCallError, match="an env is already loaded here"):
         sb.load(GOOD_ENV)
     solve_dict = make(GOOD_ENV.replace('return [{"role"', 'return {"role"').replace(
@@ -445,6 +445,37 @@ def test_an_error_reply_with_odd_fields_is_an_env_call_error():
     with pytest.raises(EnvCallError) as e:
         sb.ping()
     assert (e.value.kind, e.value.type, e.value.message) == ("3", "None", "") and not sb.closed
+
+
+@pytest.mark.parametrize("backend", ["best", "unsafe-inprocess"])
+def test_stats_gives_the_runners_time_for_each_answer_since_the_last(make, backend):
+    """The env's own time per request, by the runner's clock: a step that sleeps 20 ms shows."""
+    from sandbox import base
+    SLEEPY = env_with(step="import time\ntime.sleep(0.02)\nreturn [{}], 0.0, False, False, {}")
+    if backend == "best":
+        sb = make(SLEEPY)
+    else:
+        with pytest.warns(RuntimeWarning, match="INSIDE THIS PROCESS"):
+            sb = base.get_backend(backend).start(Limits())
+        sb.load(SLEEPY)
+    sb.stats()  # forget the start, load and new
+    i = sb.new()
+    sb.reset(i, 1)
+    t = time.perf_counter()
+    sb.step(i, {"role": "assistant", "content": "hi"})
+    step_s = time.perf_counter() - t
+    new, reset, step_ = sb.stats()
+    assert 0 < new < 0.01 and 0 < reset < 0.01 and 0.02 <= step_ <= step_s
+    assert sb.stats() == []  # counted afresh; the stats request itself is not counted
+    assert base._busy == set()  # no call in flight is left counted
+
+
+def test_stats_that_are_not_a_list_of_numbers_are_a_protocol_error():
+    from sandbox.base import Sandbox
+    sb = Sandbox(CannedTransport(b'{"id": 1, "ok": true, "value": [0.1, "x"]}'), Limits())
+    with pytest.raises(SandboxProtocolError, match="not a list of seconds|something else"):
+        sb.stats()
+    assert sb.closed
 
 
 @pytest.mark.parametrize("line", [
@@ -630,7 +661,13 @@ def test_a_killed_host_leaves_no_sandbox_behind(layer, tmp_path):
 def test_line_buffer_cuts_lines_however_they_arrive():
     from sandbox.base import LineBuffer
     buf = LineBuffer()
-    buf += b'{"a":1}\n'                      # one whole line: handed back as is
+    assert buf.add(b'{"a":1}\n', 100) == b'{"a":1}'  # one whole line: handed back at once
+    assert buf.pop_line(100) is None
+    assert buf.add(b'{"a":1}\n{"b"', 100) == b'{"a":1}'  # a line and the start of the next
+    assert buf.add(b':2}\n', 100) == b'{"b":2}' and buf.pop_line(100) is None
+    with pytest.raises(SandboxProtocolError, match="longer than 5 bytes"):
+        buf.add(b"0123456789\n", 5)
+    buf += b'{"a":1}\n'
     assert buf.pop_line(100) == b'{"a":1}' and buf.pop_line(100) is None
     buf += b'{"b":'                          # a line in pieces
     assert buf.pop_line(100) is None
