@@ -236,12 +236,12 @@ class Sandbox:
 
     def stats(self) -> list[float]:
         """Seconds the runner took to answer each request since the last ``stats()`` (the last
-        10,000), by its own clock: the env's time without the boundary's. Diagnostics only (a
+        1,000), by its own clock: the env's time without the boundary's. Diagnostics only (a
         reply from untrusted code); SandboxProtocolError when it is not a list of numbers."""
         times = self.call("stats")
         if not isinstance(times, list) or not all(type(t) in (int, float) for t in times):
             self.kill()
-            raise SandboxProtocolError("stats: the sandbox answered something else than a list "
+            raise SandboxProtocolError("stats: the sandbox answered something other than a list "
                                        "of seconds")
         return times
 

@@ -52,7 +52,7 @@ CLONE_THREAD = 0x00010000
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 COMPACT = (",", ":")
 ENCODE = json.JSONEncoder(allow_nan=False, separators=COMPACT).encode
-TIMES_KEPT = 10_000  # "stats" returns at most this many answer times
+TIMES_KEPT = 1000  # "stats" returns at most this many answer times
 RESULTS = {"reset": ("observation", "info"),
            "step": ("observation", "reward", "terminated", "truncated", "info")}
 
