@@ -26,6 +26,7 @@ else (Ctrl-C) kills the sandbox too, since its reply would come out of step.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import time
@@ -239,7 +240,8 @@ class Sandbox:
         1,000), by its own clock: the env's time without the boundary's. Diagnostics only (a
         reply from untrusted code); SandboxProtocolError when it is not a list of numbers."""
         times = self.call("stats")
-        if not isinstance(times, list) or not all(type(t) in (int, float) for t in times):
+        if not isinstance(times, list) or not all(
+                type(t) in (int, float) and 0 <= t < math.inf for t in times):
             self.kill()
             raise SandboxProtocolError("stats: the sandbox answered something other than a list "
                                        "of seconds")
