@@ -9,7 +9,8 @@ machine hits all modes alike:
 - ``direct``: Env() called in this process (UNSAFE; no protocol): the env's own cost;
 - ``inprocess``: the ``unsafe-inprocess`` backend (UNSAFE): the same JSON protocol and checks as
   the sandboxes, no boundary: the cost of everything but the crossing;
-- ``process``: the process sandbox (best isolation layer here);
+- ``process``: the process sandbox (best isolation layer here; its shared-memory channel where
+  it has one), and ``process-pipe``: the same over its pipes alone;
 - ``docker`` (socket channel) and ``docker-attach`` (through dockerd), where an engine answers;
 - ``pipe``: a bare pipe echo round trip of a step request line to a child Python process, once
   blocking and once waiting the way the sandboxes wait (spin briefly, then block); the faster of
@@ -54,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from envforge.contract import Limits  # noqa: E402
 from sandbox.base import get_backend, poll_spinning  # noqa: E402
 from sandbox.pool import SandboxPool  # noqa: E402
+from sandbox.process import ProcessBackend  # noqa: E402
 
 ENV = REPO / "generated_envs" / "helpdesk_precondition_verification" / "env.py"
 SEEDS = range(50)
@@ -76,6 +78,8 @@ SPIN_ECHO = ("import os, select, sys, time\nreply = bytes.fromhex(sys.argv[1])\n
 def backends() -> dict:
     """The sandbox backends that work here, by mode name."""
     out = {"process": get_backend("process")}
+    if out["process"].shared:  # the same sandbox over its pipes alone, for comparison
+        out["process-pipe"] = ProcessBackend(channel="pipe")
     try:
         from sandbox.docker import DockerBackend
         for mode, channel in (("docker", "socket"), ("docker-attach", "attach")):
@@ -391,7 +395,7 @@ def main() -> None:
     for mode, row in rows.items():
         if "ping" in row:
             row["ping"]["overhead_us"] = row["ping"]["median_us"] - ping_base
-    goals = {"process": 1.5, "docker": 3.0}
+    goals = {"process": 1.5, "process-pipe": 1.5, "docker": 3.0}
     print(f"\n{'mode':15s}{'steps/s':>10s}{'median µs':>11s}{'p99 µs':>10s}{'overhead µs':>13s}"
           f"{'x pipe':>8s}{'crossing µs':>13s}{'x pipe':>8s}{'goal':>7s}{'ping µs':>10s}"
           f"{'ping ovh':>10s}")
@@ -412,16 +416,15 @@ def main() -> None:
           f"{lo:.2f}-{hi:.2f}): how far 'overhead' may move without any sandbox", flush=True)
 
     starts = cold_starts(source, modes, args.starts)
-    acquires = warm_acquires(source, {m: b for m, b in modes.items() if m != "docker-attach"},
-                             args.acquires)
+    pooled = {m: b for m, b in modes.items() if m not in ("docker-attach", "process-pipe")}
+    acquires = warm_acquires(source, pooled, args.acquires)
     print(f"\n{'backend':15s}{'cold start ms':>15s}{'(max)':>8s}{'warm acquire ms':>17s}{'(max)':>8s}")
     for mode in modes:
         a = acquires.get(mode)
         print(f"{mode:15s}{starts[mode]['median_ms']:15.0f}{starts[mode]['max_ms']:8.0f}"
               + (f"{a['median_ms']:17.3f}{a['max_ms']:8.2f}" if a else ""), flush=True)
 
-    pools = pool_throughput(source, {m: b for m, b in modes.items() if m != "docker-attach"},
-                            args.pool_seconds)
+    pools = pool_throughput(source, pooled, args.pool_seconds)
     print(f"\n{'pool steps/s':15s}" + "".join(f"{w + ' workers':>12s}" for w in ("1", "2", "4")))
     for mode, by in pools.items():
         print(f"{mode:15s}" + "".join(f"{by[w]:12.0f}" for w in ("1", "2", "4")))

@@ -189,7 +189,8 @@ def sandbox_doctor(as_json):
     from sandbox.base import diagnose
 
     rows = diagnose()
-    usable = [r for r in rows if r["ok"] and r["backend"] != "process/seccomp"]
+    usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
+                                                                 "process/channel")]
     if as_json:
         emit_json({"backends": rows})
     else:

@@ -312,7 +312,7 @@ def diagnose() -> list[dict]:
     isolation layers one by one, then Docker. ``detail`` says how it isolates, or why not and the
     fix. Runs only the probes (the interpreter once per layer, a ping of the Docker engine)."""
     from sandbox.docker import DockerBackend
-    from sandbox.process import LAYERS, ProcessBackend, _seccomp_probe
+    from sandbox.process import LAYERS, SHM_WORKS, ProcessBackend, _seccomp_probe
 
     rows = []
     for layer in LAYERS:
@@ -320,6 +320,9 @@ def diagnose() -> list[dict]:
         rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why})
     sec_ok, sec_why = _seccomp_probe()
     rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
+    rows.append({"backend": "process/channel", "ok": True, "detail": (
+        "shared memory (a step crosses without a system call)" if SHM_WORKS else
+        "pipes (the shared-memory channel needs Linux on x86-64)")})
     ok, why = DockerBackend().available()
     rows.append({"backend": "docker", "ok": ok, "detail": why})
     return rows

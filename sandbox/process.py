@@ -20,6 +20,14 @@ no core dumps), no_new_privs; and, when pyseccomp and libseccomp are installed, 
 seccomp filter, loaded before any env code (see runner.py). The runner also sets RLIMIT_NPROC to
 0, which binds non-root users only.
 
+Messages cross over shared memory where the machine allows it (``channel="auto"``: Linux on
+x86-64; see ``SharedTransport``): a step is a memory copy and a sequence number each way, with no
+system call on its path, and an eventfd wakes a side that stopped spinning. The memfd is sealed at
+its size (the runner cannot shrink it under the host's mapping), the runner closes its descriptor
+once mapped, and the host copies a reply out before it reads it, checking its length, so a runner
+that scribbles on the memory only lies, like any other reply. ``channel="pipe"`` keeps every
+message on the pipes.
+
 Protects against (with seccomp, on every layer): network access; starting processes or programs,
 fork bombs included; writing, deleting or renaming host files; signalling or tracing other
 processes; mounts and id changes; hangs (the per-call timeout kills the process group); memory
@@ -37,8 +45,11 @@ at once load the machine); and lies: a reply is data from untrusted code, whatev
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
+import mmap
 import os
+import platform
 import resource
 import select
 import shutil
@@ -52,8 +63,9 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, poll_spinning,
-                          write_all)
+from sandbox.base import (SPIN_S, Backend, LineBuffer, Sandbox, Transport, check_hash_seed,
+                          poll_spinning, spin_allowed, write_all)
+from sandbox.runner import BELL, SHM_CAPACITY, SHM_HEADER, SHM_OVERSIZE, SHM_REGION
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
 LAYERS = ("bwrap", "unshare", "none")
@@ -133,7 +145,9 @@ class PipeTransport(Transport):
         except subprocess.TimeoutExpired:
             pass
         deadline = time.monotonic() + 2.0  # EOF once every process holding the pipe is gone
-        while self._poll_out.poll(max(0.0, deadline - time.monotonic()) * 1000):
+        waiter = select.poll()  # its own: a call in another thread may be polling _poll_out
+        waiter.register(self._out, select.POLLIN)
+        while waiter.poll(max(0.0, deadline - time.monotonic()) * 1000):
             try:
                 if not os.read(self._out, 1 << 16):
                     break
@@ -179,6 +193,84 @@ class PipeTransport(Transport):
         if tail:
             parts.append("stderr: " + tail[-600:])
         return "; ".join(parts)
+
+
+class SharedTransport(PipeTransport):
+    """The runner's pipes plus a shared-memory channel (see SHM_REGION in runner.py): a message
+    crosses as a memory copy and a sequence number, no system call on the way; the eventfd bells
+    wake a side that blocked, and the pipes carry oversize messages and the runner's exit."""
+
+    def __init__(self, proc: subprocess.Popen, stderr_file, mem: mmap.mmap, bells: tuple[int, int]):
+        super().__init__(proc, stderr_file)
+        self._mem, self._words = mem, memoryview(mem).cast("Q")
+        self._bell_in, self._bell_out = bells
+        self._poll_out.register(self._bell_out, select.POLLIN)
+        self._seq = 0
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self._seq = seq = self._seq + 1
+        size, words = len(data) - 1, self._words  # data is one line: its newline stays out
+        if size <= SHM_CAPACITY:
+            self._mem[SHM_HEADER:SHM_HEADER + size] = memoryview(data)[:size]
+            words[1] = size
+        else:
+            words[1] = SHM_OVERSIZE
+        words[0] = seq
+        try:
+            os.write(self._bell_in, BELL)
+        except OSError as e:  # closed by kill() in another thread
+            raise SandboxCrashed(f"the sandbox's bell is gone ({e})") from None
+        if size > SHM_CAPACITY:
+            super().send(data, deadline)
+
+    def recv_line(self, timeout: float, max_bytes: int) -> bytes:
+        words, at, seq = self._words, SHM_REGION // 8, self._seq
+        if words[at] != seq:
+            end = time.perf_counter() + (min(SPIN_S, timeout) if spin_allowed() else 0.0)
+            while words[at] != seq and time.perf_counter() < end:
+                pass
+            if words[at] != seq:
+                self._block(at, seq, timeout, max_bytes)
+        size = words[at + 1]
+        if size == SHM_OVERSIZE:
+            return super().recv_line(timeout, max_bytes)
+        if size > min(max_bytes, SHM_CAPACITY):
+            raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes ({size})")
+        start = SHM_REGION + SHM_HEADER
+        return self._mem[start:start + size]
+
+    def _block(self, at: int, seq: int, timeout: float, max_bytes: int) -> None:
+        """Wait on the runner's bell until reply ``seq`` is in; its pipe tells when it exits."""
+        deadline = time.monotonic() + timeout
+        while self._words[at] != seq:
+            left = deadline - time.monotonic()
+            ready = self._poll_out.poll(left * 1000) if left > 0 else []
+            if not ready:
+                raise SandboxTimeout(f"no reply within {timeout:g} s")
+            for fd, _ in ready:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:  # the bell, already reset
+                    continue
+                except OSError as e:
+                    raise SandboxCrashed(f"reading the runner's output failed: {e}") from None
+                if fd == self._out and not chunk:
+                    self._eof = True
+                    raise SandboxCrashed("the runner exited")
+                if fd == self._out:  # an oversize reply, its number about to show
+                    self._buf.data += chunk
+                    if len(self._buf.data) > max_bytes:
+                        raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+
+    def kill(self) -> None:
+        if self._killed:
+            return
+        super().kill()
+        for fd in (self._bell_in, self._bell_out):  # the memory goes with the last reference
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 # --------------------------------------------------------------------------- starting runners
@@ -296,15 +388,45 @@ def _seccomp_probe() -> tuple[bool, str]:
     return True, "seccomp (no sockets, processes, exec, file writes, signals to others)"
 
 
+CHANNELS = ("auto", "shm", "pipe")
+#: Where the shared-memory channel is used: its protocol relies on x86-64 keeping each side's
+#: stores in order (a message before its sequence number); elsewhere the pipes carry everything.
+SHM_WORKS = (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+             and hasattr(os, "memfd_create") and hasattr(os, "eventfd"))
+
+
+def _shared_memory() -> tuple[mmap.mmap, tuple[int, int, int]]:
+    """A new channel: its mapping here, and (memfd, bell to the runner, bell from it). The memfd's
+    size is sealed, so the runner cannot shrink it under this process's mapping (SIGBUS)."""
+    mem = os.memfd_create("envforge-sandbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(mem, 2 * SHM_REGION)
+        fcntl.fcntl(mem, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        mapping = mmap.mmap(mem, 2 * SHM_REGION)
+        bells = (os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK),
+                 os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK))
+    except BaseException:
+        os.close(mem)
+        raise
+    return mapping, (mem, *bells)
+
+
 class ProcessBackend(Backend):
     """Runner processes on this machine; see the module docstring for what each layer does."""
 
     name = "process"
 
-    def __init__(self, isolation: str = "auto", seccomp: bool = True):
+    def __init__(self, isolation: str = "auto", seccomp: bool = True, channel: str = "auto"):
         if isolation not in ("auto",) + LAYERS:
             raise UsageError(f"unknown isolation {isolation!r}; choose auto, {', '.join(LAYERS)}")
-        self.isolation, self.seccomp = isolation, seccomp
+        if channel not in CHANNELS:
+            raise UsageError(f"unknown channel {channel!r}; choose {', '.join(CHANNELS)}")
+        if channel == "shm" and not SHM_WORKS:
+            raise UsageError("the shared-memory channel needs Linux on x86-64 (memfd, eventfd); "
+                             "use channel='pipe'")
+        self.isolation, self.seccomp, self.channel = isolation, seccomp, channel
+        self.shared = channel == "shm" or (channel == "auto" and SHM_WORKS)
 
     def _plan(self) -> tuple[str | None, list[str] | None, str, bool, str]:
         """(layer, prefix, layer description, seccomp on, seccomp description)."""
@@ -352,14 +474,31 @@ class ProcessBackend(Backend):
         layer, prefix, _, sec_on, _ = self._plan()
         argv = prefix + [sys.executable, "-s", "-B", RUNNER] + (["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()
+        mem, fds = None, ()
+        if self.shared:
+            try:
+                mem, fds = _shared_memory()
+            except OSError as e:  # memfd or eventfd refused (a locked-down host): pipes still work
+                if self.channel == "shm":
+                    err.close()
+                    raise SandboxUnavailable(f"cannot set up the shared-memory channel: {e}; "
+                                             "use channel='pipe'") from None
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, cwd="/", env=_env(hash_seed), bufsize=0,
+            proc = subprocess.Popen(argv + (["--shm", ",".join(map(str, fds))] if fds else []),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                    cwd="/", env=_env(hash_seed), bufsize=0, pass_fds=fds,
                                     start_new_session=True, preexec_fn=_preexec(limits))
         except (OSError, subprocess.SubprocessError) as e:
             err.close()
+            for fd in fds:
+                os.close(fd)
             raise SandboxUnavailable(f"cannot start the runner ({layer}): {e}") from None
-        sandbox = Sandbox(PipeTransport(proc, err), limits, backend=f"process/{layer}")
+        if fds:
+            os.close(fds[0])  # the runner maps it; this process has its own mapping
+            transport = SharedTransport(proc, err, mem, fds[1:])
+        else:
+            transport = PipeTransport(proc, err)
+        sandbox = Sandbox(transport, limits, backend=f"process/{layer}")
         try:
             if not sandbox.ping(timeout=limits.load_timeout_s):
                 raise SandboxProtocolError("the runner's first ping was not answered 'pong'")

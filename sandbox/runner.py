@@ -3,7 +3,8 @@
 Started as ``python -s -B runner.py [--seccomp]`` behind an isolation boundary (a process sandbox
 or a container). Standard library only; ``pyseccomp`` is used when asked for. It speaks the line
 protocol of ``sandbox/base.py``: one JSON request per line on stdin, one JSON reply per line on
-the original stdout (ops: load, new, reset, step, solve, ping, stats). Before any env code runs it
+the original stdout (ops: load, new, reset, step, solve, ping, stats); with ``--shm``, the same
+messages through shared memory instead (see SHM_REGION). Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
   at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
@@ -23,6 +24,7 @@ import io
 import json
 import linecache
 import math
+import mmap
 import os
 import resource
 import select
@@ -294,33 +296,137 @@ class Runner:
 
 
 SPIN_S = 200e-6
+#: The shared-memory channel (``--shm MEM,BELL_IN,BELL_OUT``, the process sandbox on x86-64): a
+#: memfd of two regions, requests then replies. Each region starts with two 8-byte words, the
+#: message's sequence number and its length, then the message (up to SHM_CAPACITY bytes). A
+#: sender writes the message, then its length, then the sequence number (x86-64 keeps stores in
+#: order), then rings its eventfd "bell"; a receiver spins on the sequence number, and blocks on
+#: the bell (and its pipe, for end-of-file) when spinning does not pay. A message longer than the
+#: region goes as a line on the pipe instead, its length word set to SHM_OVERSIZE.
+SHM_REGION = 1 << 20
+SHM_HEADER = 64
+SHM_CAPACITY = SHM_REGION - SHM_HEADER
+SHM_OVERSIZE = (1 << 64) - 1
+BELL = (1).to_bytes(8, sys.byteorder)
 
 
-def request_lines(fd):
-    """The request lines arriving on ``fd``. While requests come in a tight loop (the last one
-    came within SPIN_S), the runner waits for the next by spinning on a zero-timeout poll before
-    it blocks: on a virtual machine a blocked process takes tens of microseconds to wake, more
-    than a whole step of a typical env. When requests come slowly (a policy generating, or a busy
-    machine) it blocks at once and burns no CPU."""
-    buf, spin, poller = b"", True, select.poll()
-    poller.register(fd, select.POLLIN)
-    while True:
-        nl = buf.find(b"\n")
-        if nl >= 0:
-            yield buf[:nl + 1]
-            buf = buf[nl + 1:]
-            continue
-        start = time.perf_counter()  # fd stays blocking: it may share its flags with the output
-        while spin and not poller.poll(0) and time.perf_counter() - start < SPIN_S:
-            pass
-        chunk = os.read(fd, 1 << 16)
-        spin = time.perf_counter() - start < SPIN_S
-        if not chunk:
-            return
-        if not buf and chunk.find(b"\n") == len(chunk) - 1:  # the usual case: one whole request
-            yield chunk
-            continue
-        buf += chunk
+def write_line(fd, data):
+    """Write all of ``data`` to the blocking ``fd``."""
+    sent = os.write(fd, data)
+    while sent < len(data):  # a line longer than the pipe's buffer
+        sent += os.write(fd, data[sent:])
+
+
+class Stream:
+    """The protocol over the pipes (or socket) alone: one line per message."""
+
+    def __init__(self, fd_in, fd_out):
+        self.fd_in, self.fd_out = fd_in, fd_out
+
+    def requests(self):
+        """The request lines arriving on ``fd_in``. While requests come in a tight loop (the last
+        one came within SPIN_S), the runner waits for the next by spinning on a zero-timeout poll
+        before it blocks: on a virtual machine a blocked process takes tens of microseconds to
+        wake, more than a whole step of a typical env. When requests come slowly (a policy
+        generating, or a busy machine) it blocks at once and burns no CPU."""
+        fd, buf, spin, poller = self.fd_in, b"", True, select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            nl = buf.find(b"\n")
+            if nl >= 0:
+                yield buf[:nl + 1]
+                buf = buf[nl + 1:]
+                continue
+            start = time.perf_counter()  # fd stays blocking: it may share its flags with the output
+            while spin and not poller.poll(0) and time.perf_counter() - start < SPIN_S:
+                pass
+            chunk = os.read(fd, 1 << 16)
+            spin = time.perf_counter() - start < SPIN_S
+            if not chunk:
+                return
+            if not buf and chunk.find(b"\n") == len(chunk) - 1:  # the usual case: one whole request
+                yield chunk
+                continue
+            buf += chunk
+
+    def reply(self, text):
+        write_line(self.fd_out, (text + "\n").encode())
+
+
+class Shared(Stream):
+    """The protocol over shared memory (see SHM_REGION); the pipes carry oversize messages and
+    tell when the host is gone. Waits the way ``Stream`` does: spinning while requests come
+    fast, else blocking."""
+
+    def __init__(self, fd_in, fd_out, spec):
+        super().__init__(fd_in, fd_out)
+        mem, self.bell_in, self.bell_out = (int(x) for x in spec.split(","))
+        self.mem = mmap.mmap(mem, 2 * SHM_REGION)
+        os.close(mem)
+        self.words = memoryview(self.mem).cast("Q")
+        self.seq, self.pending = 0, bytearray()
+        self.poller = select.poll()
+        for fd in (self.bell_in, fd_in):
+            self.poller.register(fd, select.POLLIN)
+
+    def requests(self):
+        words, mem, spin, perf_counter = self.words, self.mem, True, time.perf_counter
+        while True:
+            self.seq = seq = self.seq + 1
+            start = perf_counter()
+            while spin and words[0] != seq and perf_counter() - start < SPIN_S:
+                pass
+            if words[0] != seq and not self.block(seq):
+                return
+            spin = perf_counter() - start < SPIN_S
+            size = words[1]
+            if size == SHM_OVERSIZE:
+                line = self.read_line()
+                if line is None:
+                    return
+                yield line
+            else:
+                yield mem[SHM_HEADER:SHM_HEADER + min(size, SHM_CAPACITY)]
+
+    def block(self, seq):
+        """Wait on the bell until request ``seq`` is in; False when the host closed the pipe."""
+        while self.words[0] != seq:
+            for fd, _ in self.poller.poll():
+                if fd == self.bell_in:
+                    try:
+                        os.read(fd, 8)  # reset the bell; the sequence number is what counts
+                    except BlockingIOError:
+                        pass
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return False
+                self.pending += chunk  # an oversize request, its number about to show
+        return True
+
+    def read_line(self):
+        while (nl := self.pending.find(b"\n")) < 0:
+            chunk = os.read(self.fd_in, 1 << 16)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line = bytes(self.pending[:nl])
+        del self.pending[:nl + 1]
+        return line
+
+    def reply(self, text):
+        data, words, at = text.encode(), self.words, SHM_REGION // 8
+        if len(data) <= SHM_CAPACITY:
+            start = SHM_REGION + SHM_HEADER
+            self.mem[start:start + len(data)] = data
+            words[at + 1] = len(data)
+            words[at] = self.seq
+        else:
+            words[at + 1] = SHM_OVERSIZE
+            words[at] = self.seq
+        os.write(self.bell_out, BELL)
+        if len(data) > SHM_CAPACITY:
+            write_line(self.fd_out, data + b"\n")
 
 
 def main(argv):
@@ -331,6 +437,9 @@ def main(argv):
     os.close(null)
     sys.stdin, sys.stdout, sys.stderr = None, Sink(), Sink()
     info = {"seccomp": False, "uid": os.getuid()}
+    shm = argv[argv.index("--shm") + 1] if "--shm" in argv else None
+    channel = Shared(proto_in, proto_out, shm) if shm else Stream(proto_in, proto_out)
+    info["channel"] = "shared memory" if shm else "stream"
     if "--seccomp" in argv:
         try:
             info["seccomp_skipped"] = install_seccomp()
@@ -339,12 +448,9 @@ def main(argv):
             os.write(2, f"runner: cannot install the seccomp filter: {e!r}\n".encode())
             os._exit(3)
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    answer = Runner(info).answer
-    for line in request_lines(proto_in):
-        data = (answer(line)[0] + "\n").encode()
-        sent = os.write(proto_out, data)
-        while sent < len(data):  # a reply longer than the pipe's buffer
-            sent += os.write(proto_out, data[sent:])
+    answer, reply = Runner(info).answer, channel.reply
+    for line in channel.requests():
+        reply(answer(line)[0])
     os._exit(0)
 
 

@@ -122,7 +122,7 @@ def test_the_container_is_locked_down(make):
     assert [m["RW"] for m in info["Mounts"]] == [False]  # the socket folder, read-only
     assert info["Config"]["User"] == "10001:10001"
     assert info["Config"]["Labels"]["envforge.sandbox"] == "1"
-    assert sb.meta["sandbox"] == {"seccomp": False, "uid": 10001}
+    assert sb.meta["sandbox"] == {"seccomp": False, "uid": 10001, "channel": "stream"}
 
 
 @pytest.mark.parametrize("channel", CHANNELS)

@@ -19,7 +19,9 @@ import pytest
 from envforge.contract import ALLOWED_IMPORTS, Limits
 from envforge.errors import (EnvCallError, SandboxCrashed, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.process import LAYERS, ProcessBackend, _probe
+from sandbox.process import LAYERS, SHM_WORKS, ProcessBackend, _probe
+
+CHANNELS = ("shm", "pipe")
 
 REPO = Path(__file__).resolve().parent.parent
 MARK = 3_000_000_000 + os.getpid()  # PYTHONHASHSEED of the adversarial sandboxes, to find leaks
@@ -169,6 +171,13 @@ def step(sb, content="go"):
     return sb.step(0, {"role": "assistant", "content": content})
 
 
+def with_channel(channel: str) -> ProcessBackend:
+    """The best layer here, over ``channel`` ("shm" skips where it does not work)."""
+    if channel == "shm" and not SHM_WORKS:
+        pytest.skip("the shared-memory channel needs Linux on x86-64")
+    return ProcessBackend(channel=channel)
+
+
 # --------------------------------------------------------------------------- the backend
 
 def test_backend_says_what_isolates(best):
@@ -274,15 +283,18 @@ def test_env_exception_is_an_env_call_error_and_the_sandbox_lives(make):
     assert sb.reset(0, 2)[1] == {"skill": "lookup"} and sb.ping()
 
 
-def test_requests_and_replies_longer_than_a_pipe_buffer(make):
-    """A 300 KB action goes out in pieces (the pipe holds 64 KB) and is read back whole; a reply
-    as long comes back whole; the next small request and reply take the one-line fast path."""
+@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize("size", [300_000, 1_500_000])
+def test_requests_and_replies_longer_than_a_pipe_buffer(make, best, channel, size):
+    """A long action goes out in pieces (the pipe holds 64 KB) and is read back whole; a reply as
+    long comes back whole; the next small request and reply take the one-line fast path. Over
+    shared memory, 1.5 MB is more than its region holds: such messages take the pipe."""
     sb = make(env_with(step='text = action["content"]\n'
                             'return {"messages": [{"role": "user", "content": text[::-1]}]}, '
-                            'float(len(text)), False, False, {}'))
-    big = "".join(chr(97 + i % 26) for i in range(300_000))
+                            'float(len(text)), False, False, {}'), backend=with_channel(channel))
+    big = "".join(chr(97 + i % 26) for i in range(size))
     obs, reward, *_ = step(sb, big)
-    assert reward == 300_000.0 and obs["messages"][0]["content"] == big[::-1]
+    assert reward == float(size) and obs["messages"][0]["content"] == big[::-1]
     obs, reward, *_ = sb.step(0, {"role": "assistant", "content": "ab"})
     assert (reward, obs["messages"][0]["content"]) == (2.0, "ba")
 
@@ -491,6 +503,115 @@ def test_the_in_process_runner_answers_as_the_sandboxed_one(make, line):
     sb.transport.send(line, time.monotonic() + 5)
     here.send(line, time.monotonic() + 5)
     assert here.recv_line(5, 1 << 20) == sb.transport.recv_line(5, 1 << 20)
+
+
+# --------------------------------------------------------------------------- the channels
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_both_channels_answer_alike_and_say_which_they_are(make, channel):
+    sb = make(GOOD_ENV, backend=with_channel(channel))
+    assert sb.meta["sandbox"]["channel"] == {"shm": "shared memory", "pipe": "stream"}[channel]
+    assert step(sb, "where is A-7?")[1:4] == [0.0, False, False]
+    for _ in range(500):  # spinning and blocking alike (the runner blocks after a pause)
+        assert sb.ping()
+    time.sleep(0.01)
+    assert sb.ping()
+
+
+def test_the_default_channel_is_shared_memory_where_it_works(make):
+    expected = "shared memory" if SHM_WORKS else "stream"
+    assert make(GOOD_ENV).meta["sandbox"]["channel"] == expected
+
+
+def test_unknown_or_unavailable_channels_are_usage_errors(monkeypatch):
+    with pytest.raises(UsageError, match="^unknown channel 'tcp'; choose auto, shm, pipe$"):
+        ProcessBackend(channel="tcp")
+    monkeypatch.setattr("sandbox.process.SHM_WORKS", False)
+    with pytest.raises(UsageError, match="needs Linux on x86-64 .*use channel='pipe'"):
+        ProcessBackend(channel="shm")
+    assert not ProcessBackend().shared
+
+
+def test_a_host_that_refuses_shared_memory_falls_back_to_pipes(make, monkeypatch):
+    if not SHM_WORKS:
+        pytest.skip("the shared-memory channel needs Linux on x86-64")
+
+    def refuse(*_):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "memfd_create", refuse)
+    assert make(GOOD_ENV).meta["sandbox"]["channel"] == "stream"
+    with pytest.raises(SandboxUnavailable, match="cannot set up the shared-memory channel: .*"
+                                                 "Operation not permitted; use channel='pipe'"):
+        ProcessBackend(channel="shm").start(Limits())
+
+
+def test_the_shared_memory_cannot_change_size():
+    """The runner could otherwise shrink it under this process's mapping (a SIGBUS here)."""
+    import fcntl
+    from sandbox.process import _shared_memory
+    if not SHM_WORKS:
+        pytest.skip("the shared-memory channel needs Linux on x86-64")
+    mem, fds = _shared_memory()
+    try:
+        seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+        for seal in (fcntl.F_SEAL_SHRINK, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SEAL):
+            assert seals & seal
+        with pytest.raises(PermissionError):
+            os.ftruncate(fds[0], 4096)
+    finally:
+        mem.close()
+        for fd in fds:
+            os.close(fd)
+
+
+#: Env code that reaches into the runner's shared-memory channel and announces a reply of
+#: ``SIZE`` bytes with the current request's number, then hangs: the host must judge it alone.
+LIAR = """import gc, os, time
+ch = next(o for o in gc.get_objects() if type(o).__name__ == "Shared")
+at = len(ch.mem) // 16
+ch.words[at + 1] = SIZE
+ch.words[at] = ch.seq
+os.write(ch.bell_out, (1).to_bytes(8, "little"))
+time.sleep(30)"""
+
+
+@pytest.mark.parametrize("size, message", [
+    (1 << 40, "a reply line longer than 4194304 bytes"),
+    (3, "answered a line that is not JSON"),
+])
+def test_a_lying_shared_memory_reply_is_a_protocol_error(make, size, message):
+    sb = make(env_with(step=LIAR.replace("SIZE", str(size))), backend=with_channel("shm"),
+              call_timeout_s=20.0)
+    t = time.monotonic()
+    with pytest.raises(SandboxProtocolError, match=message):
+        step(sb)
+    assert time.monotonic() - t < 5 and sb.closed and not sb.transport.alive()
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_a_kill_from_another_thread_ends_a_waiting_call(make, channel):
+    """pool.close() kills leased sandboxes from its own thread: the call waiting on one ends with
+    a typed error at once, and the kill itself does not fail."""
+    import threading
+    sb = make(env_with(step="import time\ntime.sleep(30)"), backend=with_channel(channel),
+              call_timeout_s=60.0)
+    sb.new()
+    sb.reset(0, 1)
+    errors = []
+
+    def call():
+        try:
+            sb.step(0, {"role": "assistant", "content": "hi"})
+        except Exception as e:
+            errors.append(e)
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    time.sleep(0.3)
+    t = time.monotonic()
+    sb.kill()
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and time.monotonic() - t < 5
+    assert len(errors) == 1 and isinstance(errors[0], SandboxCrashed), errors
 
 
 # --------------------------------------------------------------------------- hostile envs
