@@ -228,7 +228,8 @@ class SharedTransport(PipeTransport):
         if words[at] != seq:
             end = time.perf_counter() + (min(SPIN_S, timeout) if spin_allowed() else 0.0)
             while words[at] != seq and time.perf_counter() < end:
-                pass
+                pass  # holds the GIL for at most SPIN_S; releasing it each turn (sched_yield)
+                # cost ~1 µs a step here, and a waiting thread wakes too late to take it anyway
             if words[at] != seq:
                 self._block(at, seq, timeout, max_bytes)
         size = words[at + 1]
