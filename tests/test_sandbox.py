@@ -545,6 +545,22 @@ def test_a_host_that_refuses_shared_memory_falls_back_to_pipes(make, monkeypatch
         ProcessBackend(channel="shm").start(Limits())
 
 
+def test_doctor_names_the_channel_and_does_not_count_it_as_a_backend(monkeypatch):
+    import json
+    from click.testing import CliRunner
+    from envforge.cli import main
+    result = CliRunner().invoke(main, ["sandbox", "doctor", "--json"])
+    rows = {r["backend"]: r for r in json.loads(result.output)["backends"]}
+    assert rows["process/channel"]["ok"]
+    assert rows["process/channel"]["detail"].startswith("shared memory" if SHM_WORKS else "pipes")
+    assert result.exit_code == (0 if any(r["ok"] for name, r in rows.items() if name not in (
+        "process/seccomp", "process/channel")) else 1)
+    only_aids = [{"backend": b, "ok": True, "detail": "x"} for b in ("process/seccomp",
+                                                                    "process/channel")]
+    monkeypatch.setattr("sandbox.base.diagnose", lambda: only_aids)
+    assert CliRunner().invoke(main, ["sandbox", "doctor", "--json"]).exit_code == 1
+
+
 def test_the_shared_memory_cannot_change_size():
     """The runner could otherwise shrink it under this process's mapping (a SIGBUS here)."""
     import fcntl
