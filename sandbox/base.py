@@ -51,6 +51,11 @@ def spin_allowed() -> bool:
     return len(_busy) <= _SPIN_MAX
 
 
+def calls_in_flight() -> int:
+    """How many calls of this process's sandboxes are waiting for a reply."""
+    return len(_busy)
+
+
 def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list:
     """``poller.poll`` that first polls without blocking for ``spin_s`` (SPIN_S when spinning
     pays, see ``spin_allowed``): a reply usually comes within microseconds, and waking a blocked
@@ -312,7 +317,7 @@ def diagnose() -> list[dict]:
     isolation layers one by one, then Docker. ``detail`` says how it isolates, or why not and the
     fix. Runs only the probes (the interpreter once per layer, a ping of the Docker engine)."""
     from sandbox.docker import DockerBackend
-    from sandbox.process import LAYERS, SHM_WORKS, ProcessBackend, _seccomp_probe
+    from sandbox.process import LAYERS, ProcessBackend, _seccomp_probe, shared_memory_works
 
     rows = []
     for layer in LAYERS:
@@ -320,9 +325,7 @@ def diagnose() -> list[dict]:
         rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why})
     sec_ok, sec_why = _seccomp_probe()
     rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
-    rows.append({"backend": "process/channel", "ok": True, "detail": (
-        "shared memory (a step crosses without a system call)" if SHM_WORKS else
-        "pipes (the shared-memory channel needs Linux on x86-64)")})
+    rows.append({"backend": "process/channel", "ok": True, "detail": shared_memory_works()[1]})
     ok, why = DockerBackend().available()
     rows.append({"backend": "docker", "ok": ok, "detail": why})
     return rows

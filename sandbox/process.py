@@ -23,9 +23,10 @@ seccomp filter, loaded before any env code (see runner.py). The runner also sets
 Messages cross over shared memory where the machine allows it (``channel="auto"``: Linux on
 x86-64; see ``SharedTransport``): a step is a memory copy and a sequence number each way, with no
 system call on its path, and an eventfd wakes a side that stopped spinning. The memfd is sealed at
-its size (the runner cannot shrink it under the host's mapping), the runner closes its descriptor
-once mapped, and the host copies a reply out before it reads it, checking its length, so a runner
-that scribbles on the memory only lies, like any other reply. ``channel="pipe"`` keeps every
+its size, so the runner cannot shrink it under the host's mapping (env code can find the
+runner's descriptor: its mapping keeps one), and the host copies a reply out before it reads it,
+checking its length: a runner that scribbles on the memory, rings the bells or writes the pipe
+only lies, like any other reply, within the call's time limit. ``channel="pipe"`` keeps every
 message on the pipes.
 
 Protects against (with seccomp, on every layer): network access; starting processes or programs,
@@ -63,8 +64,8 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import (SPIN_S, Backend, LineBuffer, Sandbox, Transport, check_hash_seed,
-                          poll_spinning, spin_allowed, write_all)
+from sandbox.base import (SPIN_S, Backend, LineBuffer, Sandbox, Transport, calls_in_flight,
+                          check_hash_seed, poll_spinning, write_all)
 from sandbox.runner import BELL, SHM_CAPACITY, SHM_HEADER, SHM_OVERSIZE, SHM_REGION
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
@@ -204,7 +205,9 @@ class SharedTransport(PipeTransport):
         super().__init__(proc, stderr_file)
         self._mem, self._words = mem, memoryview(mem).cast("Q")
         self._bell_in, self._bell_out = bells
-        self._poll_out.register(self._bell_out, select.POLLIN)
+        self._poll_wait = select.poll()  # the bell and the pipe (_poll_out: the pipe alone)
+        for fd in (self._out, self._bell_out):
+            self._poll_wait.register(fd, select.POLLIN)
         self._seq = 0
 
     def send(self, data: bytes, deadline: float) -> None:
@@ -218,34 +221,42 @@ class SharedTransport(PipeTransport):
         words[0] = seq
         try:
             os.write(self._bell_in, BELL)
-        except OSError as e:  # closed by kill() in another thread
+        except BlockingIOError:  # its counter is full (the runner filled it): it rings anyway
+            pass
+        except OSError as e:
             raise SandboxCrashed(f"the sandbox's bell is gone ({e})") from None
         if size > SHM_CAPACITY:
             super().send(data, deadline)
 
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
-        words, at, seq = self._words, SHM_REGION // 8, self._seq
+        words, at, seq, deadline = self._words, SHM_REGION // 8, self._seq, None
         if words[at] != seq:
-            end = time.perf_counter() + (min(SPIN_S, timeout) if spin_allowed() else 0.0)
-            while words[at] != seq and time.perf_counter() < end:
-                pass  # holds the GIL for at most SPIN_S; releasing it each turn (sched_yield)
-                # cost ~1 µs a step here, and a waiting thread wakes too late to take it anyway
-            if words[at] != seq:
-                self._block(at, seq, timeout, max_bytes)
+            deadline = time.monotonic() + timeout
+            alone = calls_in_flight() == 1
+            if alone:  # spin on the memory: holds the GIL, so only with no other call waiting
+                end = time.perf_counter() + min(SPIN_S, timeout)
+                while words[at] != seq and time.perf_counter() < end:
+                    pass  # (releasing the GIL each turn, sched_yield, cost ~1 µs a step)
+            if words[at] != seq:  # else spin on the bell, releasing the GIL, where that pays
+                self._block(at, seq, deadline, timeout, max_bytes, spin=not alone)
         size = words[at + 1]
-        if size == SHM_OVERSIZE:
-            return super().recv_line(timeout, max_bytes)
+        if size == SHM_OVERSIZE:  # the rest of the call's time for the line on the pipe
+            left = timeout if deadline is None else deadline - time.monotonic()
+            return super().recv_line(max(left, 0.0), max_bytes)
         if size > min(max_bytes, SHM_CAPACITY):
-            raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes ({size})")
+            raise SandboxProtocolError(f"a reply line longer than {min(max_bytes, SHM_CAPACITY)} "
+                                       f"bytes in shared memory ({size})")
         start = SHM_REGION + SHM_HEADER
         return self._mem[start:start + size]
 
-    def _block(self, at: int, seq: int, timeout: float, max_bytes: int) -> None:
-        """Wait on the runner's bell until reply ``seq`` is in; its pipe tells when it exits."""
-        deadline = time.monotonic() + timeout
+    def _block(self, at: int, seq: int, deadline: float, timeout: float, max_bytes: int,
+               spin: bool) -> None:
+        """Wait on the runner's bell until reply ``seq`` is in, by ``deadline`` (monotonic); its
+        pipe tells when the runner exits. ``spin``: poll without blocking first, as
+        ``poll_spinning`` decides."""
         while self._words[at] != seq:
             left = deadline - time.monotonic()
-            ready = self._poll_out.poll(left * 1000) if left > 0 else []
+            ready = poll_spinning(self._poll_wait, left, None if spin else 0.0) if left > 0 else []
             if not ready:
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
             for fd, _ in ready:
@@ -263,15 +274,17 @@ class SharedTransport(PipeTransport):
                     if len(self._buf.data) > max_bytes:
                         raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
 
-    def kill(self) -> None:
-        if self._killed:
-            return
-        super().kill()
-        for fd in (self._bell_in, self._bell_out):  # the memory goes with the last reference
-            try:
+    def __del__(self) -> None:
+        """The bells and the memory go with the last reference, never in kill(): a call in
+        another thread may still be using them, and a closed fd's number is soon reused."""
+        super().__del__()
+        try:
+            for fd in (self._bell_in, self._bell_out):
                 os.close(fd)
-            except OSError:
-                pass
+            self._words.release()
+            self._mem.close()
+        except Exception:  # a half-made transport, or closed already
+            pass
 
 
 # --------------------------------------------------------------------------- starting runners
@@ -396,21 +409,36 @@ SHM_WORKS = (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64
              and hasattr(os, "memfd_create") and hasattr(os, "eventfd"))
 
 
+def shared_memory_works() -> tuple[bool, str]:
+    """(True, what) when sandboxes started now get the shared-memory channel; else (False, why)."""
+    if not SHM_WORKS:
+        return False, "pipes (the shared-memory channel needs Linux on x86-64)"
+    try:
+        mem, fds = _shared_memory()
+    except OSError as e:
+        return False, f"pipes (memfd or eventfd refused here: {e})"
+    mem.close()
+    for fd in fds:
+        os.close(fd)
+    return True, "shared memory (a step crosses without a system call)"
+
+
 def _shared_memory() -> tuple[mmap.mmap, tuple[int, int, int]]:
     """A new channel: its mapping here, and (memfd, bell to the runner, bell from it). The memfd's
     size is sealed, so the runner cannot shrink it under this process's mapping (SIGBUS)."""
-    mem = os.memfd_create("envforge-sandbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fds: list[int] = []
     try:
-        os.ftruncate(mem, 2 * SHM_REGION)
-        fcntl.fcntl(mem, fcntl.F_ADD_SEALS,
+        fds.append(os.memfd_create("envforge-sandbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        os.ftruncate(fds[0], 2 * SHM_REGION)
+        fcntl.fcntl(fds[0], fcntl.F_ADD_SEALS,
                     fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        mapping = mmap.mmap(mem, 2 * SHM_REGION)
-        bells = (os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK),
-                 os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK))
+        for _ in range(2):
+            fds.append(os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK))
+        return mmap.mmap(fds[0], 2 * SHM_REGION), tuple(fds)
     except BaseException:
-        os.close(mem)
+        for fd in fds:
+            os.close(fd)
         raise
-    return mapping, (mem, *bells)
 
 
 class ProcessBackend(Backend):

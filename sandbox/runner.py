@@ -1,6 +1,6 @@
 """The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
 
-Started as ``python -s -B runner.py [--seccomp]`` behind an isolation boundary (a process sandbox
+Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` behind an isolation boundary (a process sandbox
 or a container). Standard library only; ``pyseccomp`` is used when asked for. It speaks the line
 protocol of ``sandbox/base.py``: one JSON request per line on stdin, one JSON reply per line on
 the original stdout (ops: load, new, reset, step, solve, ping, stats); with ``--shm``, the same

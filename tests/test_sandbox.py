@@ -285,10 +285,10 @@ def test_env_exception_is_an_env_call_error_and_the_sandbox_lives(make):
 
 @pytest.mark.parametrize("channel", CHANNELS)
 @pytest.mark.parametrize("size", [300_000, 1_500_000])
-def test_requests_and_replies_longer_than_a_pipe_buffer(make, best, channel, size):
-    """A long action goes out in pieces (the pipe holds 64 KB) and is read back whole; a reply as
-    long comes back whole; the next small request and reply take the one-line fast path. Over
-    shared memory, 1.5 MB is more than its region holds: such messages take the pipe."""
+def test_requests_and_replies_longer_than_a_pipe_buffer(make, channel, size):
+    """A long action and a reply as long cross whole, then a small one: on the pipes in pieces
+    (a pipe holds 64 KB); over shared memory in one piece up to its region's 1 MiB, on the pipe
+    beyond (1.5 MB)."""
     sb = make(env_with(step='text = action["content"]\n'
                             'return {"messages": [{"role": "user", "content": text[::-1]}]}, '
                             'float(len(text)), False, False, {}'), backend=with_channel(channel))
@@ -591,17 +591,42 @@ os.write(ch.bell_out, (1).to_bytes(8, "little"))
 time.sleep(30)"""
 
 
-@pytest.mark.parametrize("size, message", [
-    (1 << 40, "a reply line longer than 4194304 bytes"),
-    (3, "answered a line that is not JSON"),
+@pytest.mark.parametrize("size, error, message", [
+    (1 << 40, SandboxProtocolError, "a reply line longer than 1048512 bytes in shared memory"),
+    (3, SandboxProtocolError, "answered a line that is not JSON"),
+    ((1 << 64) - 1, SandboxTimeout, "step did not answer within 1 s"),  # "on the pipe": it is not
 ])
-def test_a_lying_shared_memory_reply_is_a_protocol_error(make, size, message):
+def test_a_lying_shared_memory_reply_is_a_typed_error_in_time(make, size, error, message):
     sb = make(env_with(step=LIAR.replace("SIZE", str(size))), backend=with_channel("shm"),
-              call_timeout_s=20.0)
+              call_timeout_s=1.0)
     t = time.monotonic()
-    with pytest.raises(SandboxProtocolError, match=message):
+    with pytest.raises(error, match=message):
         step(sb)
-    assert time.monotonic() - t < 5 and sb.closed and not sb.transport.alive()
+    assert time.monotonic() - t < 3 and sb.closed and not sb.transport.alive()
+
+
+def test_a_runner_that_fills_the_hosts_bell_does_not_stop_it(make):
+    """An eventfd's counter that is full refuses a write; the host's bell then rings anyway."""
+    fill = ("import gc, os\n"
+            "ch = next(o for o in gc.get_objects() if type(o).__name__ == 'Shared')\n"
+            "try:\n    os.read(ch.bell_in, 8)\nexcept BlockingIOError:\n    pass\n"
+            "os.write(ch.bell_in, (0xfffffffffffffffe).to_bytes(8, 'little'))\n"
+            + returning("{}"))
+    sb = make(env_with(step=fill), backend=with_channel("shm"))
+    step(sb)
+    assert all(sb.ping() for _ in range(100))
+    time.sleep(0.01)  # the runner blocks on that bell now
+    assert sb.ping()
+
+
+@pytest.mark.parametrize("body", [returning('{"b": "x" * 50_000_000}'),
+                                  "import os\nfor fd in range(3, 12):\n    try:\n"
+                                  "        os.write(fd, b'x' * (8 << 20))\n"
+                                  "    except OSError:\n        pass\n" + returning("{}")])
+def test_huge_output_over_the_pipe_channel_is_a_protocol_error(make, body):
+    sb = make(env_with(step=body), backend=with_channel("pipe"), call_timeout_s=10.0)
+    with pytest.raises(SandboxProtocolError, match="a reply line longer than 4194304 bytes"):
+        step(sb)
 
 
 @pytest.mark.parametrize("channel", CHANNELS)
