@@ -231,14 +231,13 @@ class SharedTransport(PipeTransport):
     def recv_line(self, timeout: float, max_bytes: int) -> bytes:
         words, at, seq, deadline = self._words, SHM_REGION // 8, self._seq, None
         if words[at] != seq:
-            deadline = time.monotonic() + timeout
             alone = calls_in_flight() == 1
             if alone:  # spin on the memory: holds the GIL, so only with no other call waiting
                 end = time.perf_counter() + min(SPIN_S, timeout)
                 while words[at] != seq and time.perf_counter() < end:
                     pass  # (releasing the GIL each turn, sched_yield, cost ~1 µs a step)
             if words[at] != seq:  # else spin on the bell, releasing the GIL, where that pays
-                self._block(at, seq, deadline, timeout, max_bytes, spin=not alone)
+                deadline = self._block(at, seq, timeout, max_bytes, spin=not alone)
         size = words[at + 1]
         if size == SHM_OVERSIZE:  # the rest of the call's time for the line on the pipe
             left = timeout if deadline is None else deadline - time.monotonic()
@@ -249,11 +248,11 @@ class SharedTransport(PipeTransport):
         start = SHM_REGION + SHM_HEADER
         return self._mem[start:start + size]
 
-    def _block(self, at: int, seq: int, deadline: float, timeout: float, max_bytes: int,
-               spin: bool) -> None:
-        """Wait on the runner's bell until reply ``seq`` is in, by ``deadline`` (monotonic); its
-        pipe tells when the runner exits. ``spin``: poll without blocking first, as
-        ``poll_spinning`` decides."""
+    def _block(self, at: int, seq: int, timeout: float, max_bytes: int, spin: bool) -> float:
+        """Wait on the runner's bell until reply ``seq`` is in, within ``timeout`` (from now: the
+        spin before it is at most SPIN_S); its pipe tells when the runner exits. ``spin``: poll
+        without blocking first, as ``poll_spinning`` decides. Returns the deadline."""
+        deadline = time.monotonic() + timeout
         while self._words[at] != seq:
             left = deadline - time.monotonic()
             ready = poll_spinning(self._poll_wait, left, None if spin else 0.0) if left > 0 else []
@@ -273,6 +272,7 @@ class SharedTransport(PipeTransport):
                     self._buf.data += chunk
                     if len(self._buf.data) > max_bytes:
                         raise SandboxProtocolError(f"a reply line longer than {max_bytes} bytes")
+        return deadline
 
     def __del__(self) -> None:
         """The bells and the memory go with the last reference, never in kill(): a call in
