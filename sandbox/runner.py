@@ -1,10 +1,11 @@
 """The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
 
-Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` behind an isolation boundary (a process sandbox
-or a container). Standard library only; ``pyseccomp`` is used when asked for. It speaks the line
-protocol of ``sandbox/base.py``: one JSON request per line on stdin, one JSON reply per line on
-the original stdout (ops: load, new, reset, step, solve, ping, stats); with ``--shm``, the same
-messages through shared memory instead (see SHM_REGION). Before any env code runs it
+Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` behind an
+isolation boundary (a process sandbox or a container). Standard library only; ``pyseccomp`` is
+used when asked for. It speaks the line protocol of ``sandbox/base.py``: one JSON request per line
+on stdin, one JSON reply per line on the original stdout (ops: load, new, reset, step, solve,
+ping, stats); with ``--shm``, the same messages through shared memory instead (see SHM_REGION).
+Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
   at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
