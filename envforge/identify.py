@@ -40,7 +40,8 @@ from typing import Any, Callable, Sequence
 
 from envforge.errors import InputError, UsageError
 from envforge.llm import run_concurrently
-from envforge.trajectories import DEFAULT_SUCCESS_THRESHOLD, Trajectory
+from envforge.tools import tool_kind
+from envforge.trajectories import DEFAULT_SUCCESS_THRESHOLD, Trajectory, first_user_text, render
 
 PRESENT, LACKING, NA = "PRESENT", "LACKING", "NA"
 LABELS = (PRESENT, LACKING, NA)
@@ -101,41 +102,6 @@ class IdentifyConfig:
 
 
 # ============================================================================= tools and calls
-
-READ_PREFIXES = ("get_", "find_", "list_", "search_", "calculate", "check_", "lookup_", "query_",
-                 "fetch_", "read_", "view_", "show_", "count_", "verify_", "validate_")
-WRITE_PREFIXES = ("cancel_", "update_", "modify_", "book_", "exchange_", "return_", "send_",
-                  "transfer_", "create_", "delete_", "remove_", "add_", "set_", "toggle_", "enable_",
-                  "disable_", "reset_", "refund_", "pay_", "place_", "change_", "edit_", "submit_",
-                  "apply_", "issue_", "grant_", "revoke_", "assign_", "close_", "open_", "extend_",
-                  "suspend_", "resume_", "refuel_", "register_", "make_", "upgrade_", "downgrade_")
-
-
-def tool_kind(name: str, meta: dict[str, dict] | None = None) -> str:
-    """``read``, ``write``, ``escalation`` (a transfer to a human) or ``other``.
-
-    From the target's metadata (``tool_type`` read/write, or ``mutates_state``) when it lists
-    the tool, else from the name: get_/find_/list_/search_/calculate... read; cancel_/update_/
-    modify_/book_/exchange_/return_/send_/transfer_... write. ``transfer_to_human*`` is always
-    an escalation, not a write.
-    """
-    low = name.lower()
-    if low.startswith("transfer_to_human") or "human_agent" in low or low.startswith("escalate"):
-        return "escalation"
-    m = (meta or {}).get(name)
-    if m:
-        if m.get("tool_type") in ("read", "write"):
-            return m["tool_type"]
-        if m.get("mutates_state") is True:
-            return "write"
-        if m.get("tool_type"):
-            return "other"
-    if low.startswith(READ_PREFIXES):
-        return "read"
-    if low.startswith(WRITE_PREFIXES):
-        return "write"
-    return "other"
-
 
 @dataclass
 class Call:
@@ -571,7 +537,7 @@ def select(capabilities: Sequence[Capability], labels: Sequence[dict[str, str]],
     return out
 
 
-EXAMPLE_TASKS, EXAMPLE_TASK_CHARS = 3, 300
+EXAMPLE_TASKS = 3
 EXAMPLE_TRAJECTORIES = 2  # rendered failing trajectories per capability, for the LLM synthesizer
 
 
@@ -580,16 +546,6 @@ def task_text(t: Trajectory) -> str:
     what a router sees of a new task, so ``example_tasks`` show it what this capability's tasks
     look like."""
     return first_user_text(t.messages)
-
-
-def first_user_text(messages: list[dict]) -> str:
-    """The first non-empty user message of ``messages`` in ``task_text``'s form (the router's
-    view of an env episode's task too)."""
-    first = next((m.get("content") for m in messages
-                  if m.get("role") == "user" and isinstance(m.get("content"), str)
-                  and m["content"].strip()), "")
-    text = " ".join(first.split())
-    return text if len(text) <= EXAMPLE_TASK_CHARS else text[:EXAMPLE_TASK_CHARS - 3] + "..."
 
 
 def _r(x: float | None) -> float | None:
@@ -626,37 +582,6 @@ def labelling_schema(names: Sequence[str]) -> dict:
     return {"type": "object", "required": ["labels"], "properties": {"labels": {
         "type": "object", "required": list(names),
         "properties": {n: {"enum": list(LABELS)} for n in names}}}}
-
-
-def render(t: Trajectory, max_chars: int = 12000, per_message: int = 600,
-           with_reference: bool = True) -> str:
-    """A trajectory as compact text for a prompt (the system prompt is left out)."""
-    def cut(s: str, n: int = per_message) -> str:
-        s = " ".join(s.split())
-        return s if len(s) <= n else f"{s[:n]}...[+{len(s) - n} chars]"
-
-    lines = []
-    for m in t.messages:
-        role = m.get("role")
-        if role == "user":
-            lines.append(f"USER: {cut(m.get('content') or '')}")
-        elif role == "assistant":
-            if (m.get("content") or "").strip():
-                lines.append(f"AGENT: {cut(m['content'])}")
-            for tc in m.get("tool_calls") or []:
-                fn = tc.get("function") or {}
-                lines.append(f"AGENT CALLS {fn.get('name')}({cut(fn.get('arguments') or '', 400)})")
-        elif role == "tool":
-            lines.append(f"TOOL RESULT: {cut(m.get('content') or '', 300)}")
-    if with_reference and t.expected_actions is not None:
-        acts = "; ".join(f"{a['name']}({json.dumps(a.get('arguments'), ensure_ascii=False)})"
-                         for a in t.expected_actions) or "none (no change was expected)"
-        lines.append(f"REFERENCE SOLUTION ACTIONS: {cut(acts, 1500)}")
-    text = "\n".join(lines)
-    if len(text) > max_chars:
-        half = max_chars // 2
-        text = f"{text[:half]}\n[... {len(text) - 2 * half} chars omitted ...]\n{text[-half:]}"
-    return text
 
 
 def _normalise_labels(obj: Any, names: Sequence[str]) -> Any:

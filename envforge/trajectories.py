@@ -402,3 +402,47 @@ def _expected(path: Path, where: str, actions: Any, args_key: str) -> list[dict]
             e["compare_args"] = list(a["compare_args"])
         out.append(e)
     return out
+
+
+EXAMPLE_TASK_CHARS = 300  # how much of a task's first user message examples keep
+
+
+def first_user_text(messages: list[dict]) -> str:
+    """The first non-empty user message of ``messages`` in ``task_text``'s form (the router's
+    view of an env episode's task too)."""
+    first = next((m.get("content") for m in messages
+                  if m.get("role") == "user" and isinstance(m.get("content"), str)
+                  and m["content"].strip()), "")
+    text = " ".join(first.split())
+    return text if len(text) <= EXAMPLE_TASK_CHARS else text[:EXAMPLE_TASK_CHARS - 3] + "..."
+
+
+def render(t: Trajectory, max_chars: int = 12000, per_message: int = 600,
+           with_reference: bool = True) -> str:
+    """A trajectory as compact text for a prompt (the system prompt is left out)."""
+    def cut(s: str, n: int = per_message) -> str:
+        s = " ".join(s.split())
+        return s if len(s) <= n else f"{s[:n]}...[+{len(s) - n} chars]"
+
+    lines = []
+    for m in t.messages:
+        role = m.get("role")
+        if role == "user":
+            lines.append(f"USER: {cut(m.get('content') or '')}")
+        elif role == "assistant":
+            if (m.get("content") or "").strip():
+                lines.append(f"AGENT: {cut(m['content'])}")
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                lines.append(f"AGENT CALLS {fn.get('name')}({cut(fn.get('arguments') or '', 400)})")
+        elif role == "tool":
+            lines.append(f"TOOL RESULT: {cut(m.get('content') or '', 300)}")
+    if with_reference and t.expected_actions is not None:
+        acts = "; ".join(f"{a['name']}({json.dumps(a.get('arguments'), ensure_ascii=False)})"
+                         for a in t.expected_actions) or "none (no change was expected)"
+        lines.append(f"REFERENCE SOLUTION ACTIONS: {cut(acts, 1500)}")
+    text = "\n".join(lines)
+    if len(text) > max_chars:
+        half = max_chars // 2
+        text = f"{text[:half]}\n[... {len(text) - 2 * half} chars omitted ...]\n{text[-half:]}"
+    return text

@@ -205,7 +205,7 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
             continue
         examples = [e for e in c.get("example_trajectories") or [] if isinstance(e, str)]
         if not examples and by_task:
-            from envforge.identify import render
+            from envforge.trajectories import render
             for task in c.get("examples") or []:
                 for t in by_task.get(str(task), [])[:1]:
                     examples.append(render(t))

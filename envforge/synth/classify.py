@@ -5,7 +5,7 @@ where the target has one), never from a list of known targets.
 
 - **Kind** of a tool: read / write / escalation / other, from the metadata's ``tool_type`` or
   ``mutates_state``, else from the name (``get_``/``find_``/``search_`` read; ``cancel_``/
-  ``update_``/``modify_``... write; see :func:`envforge.identify.tool_kind`), else from the first
+  ``update_``/``modify_``... write; see :func:`envforge.tools.tool_kind`), else from the first
   verb of the description.
 - **Id parameters**: ``id`` or ``*_id`` of type string. The *entity* a write acts on is its id
   parameter whose stem is in the tool's name (``line_id`` of ``suspend_line``), else its first
@@ -29,18 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envforge.targets import Target
+from envforge.tools import tool_kind
 
 OWNER_STEMS = ("user", "customer", "employee", "account", "member", "client", "patient", "guest",
                "owner", "person", "subscriber", "student", "profile")
-READ_VERBS = ("get", "gets", "find", "finds", "search", "searches", "list", "lists", "retrieve",
-              "retrieves", "look", "looks", "return", "returns", "show", "shows", "fetch", "check",
-              "read", "reads", "query", "view")
-WRITE_VERBS = ("cancel", "cancels", "update", "updates", "modify", "modifies", "create", "creates",
-               "delete", "deletes", "remove", "removes", "add", "adds", "set", "sets", "send",
-               "sends", "book", "books", "change", "changes", "enable", "enables", "disable",
-               "disables", "suspend", "suspends", "resume", "resumes", "close", "closes", "grant",
-               "grants", "reset", "resets", "extend", "extends", "exchange", "exchanges", "refund",
-               "refunds", "transfer", "transfers", "apply", "applies", "submit", "submits")
 IDENTITY_FIELDS = {  # lookup parameter name -> the field of a synthetic person it asks for
     "email": "email", "email_address": "email", "mail": "email",
     "first_name": "first_name", "firstname": "first_name", "given_name": "first_name",
@@ -121,26 +113,13 @@ def _kind(schema: dict) -> str | None:
     return t
 
 
-def tool_kind(name: str, description: str, meta: dict[str, dict]) -> str:
-    from envforge.identify import tool_kind as by_name
-    kind = by_name(name, meta)
-    if kind != "other" or (meta.get(name) or {}).get("tool_type"):
-        return kind
-    words = re.findall(r"[a-z]+", (description or "").lower())[:2]
-    if words and words[0] in WRITE_VERBS:
-        return "write"
-    if words and words[0] in READ_VERBS:
-        return "read"
-    return "other"
-
-
 def tools_of(target: Target) -> dict[str, Tool]:
     out = {}
     for t in target.tools:
         fn = t["function"]
         params = (fn.get("parameters") or {}).get("properties") or {}
         required = [r for r in (fn.get("parameters") or {}).get("required") or [] if r in params]
-        out[fn["name"]] = Tool(fn["name"], t, tool_kind(fn["name"], fn.get("description", ""), target.meta),
+        out[fn["name"]] = Tool(fn["name"], t, tool_kind(fn["name"], target.meta, fn.get("description", "")),
                                {k: v if isinstance(v, dict) else {} for k, v in params.items()},
                                required, fn.get("description") or "")
     return out
