@@ -320,8 +320,6 @@ def _limits(fields: dict) -> Limits:
         return Limits(**fields)
     except TypeError as e:
         raise UsageError(f"{e}; limits are fields of envforge.contract.Limits") from None
-    except ValueError as e:  # a field out of range, e.g. memory_mb=10
-        raise UsageError(f"bad limits: {e}") from None
 
 
 def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = "auto", *,

@@ -245,9 +245,9 @@ def test_make_with_a_pool_runs_only_the_pools_env_under_its_limits(tmp_path):
 
 
 def test_limits_out_of_range_are_usage_errors():
-    with pytest.raises(UsageError, match="^bad limits: memory_mb below 64"):
+    with pytest.raises(UsageError, match="^Limits.memory_mb must be at least 64, got 10$"):
         envforge.make(SLUG, memory_mb=10)
-    with pytest.raises(UsageError, match="^bad limits: call_timeout_s and load_timeout_s must be"):
+    with pytest.raises(UsageError, match="^Limits.call_timeout_s must be greater than 0, got 0$"):
         envforge.make_pool(SLUG, call_timeout_s=0)
 
 
