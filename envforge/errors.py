@@ -24,6 +24,10 @@ class ConfigError(UsageError, ValueError):
         self.owner, self.field, self.problem = owner, field, problem
 
 
+class ActionError(UsageError, ValueError):
+    """An action given to ``env.step`` is not an assistant message (outside the action space)."""
+
+
 class InputError(EnvforgeError):
     """A file the user gave could not be read or has the wrong shape (exit 1)."""
 
