@@ -148,6 +148,14 @@ def out_folder(path: str | Path, flag: str) -> Path:
     return p
 
 
+def _target(spec: str):
+    """The target a --target names (exit 2 when it is missing or malformed)."""
+    if spec != "example" and not Path(spec).exists():
+        raise UsageError(f"--target {spec}: no such folder or file; give a target folder (holding "
+                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
+    return load_target(spec)
+
+
 # ----------------------------------------------------------------------------- audit
 # (the gate: see envforge/gate)
 
@@ -171,7 +179,7 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     gate = settings(GateSettings, kwargs, limits=settings(Limits, kwargs))
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
-    tgt = load_target(target) if target else None
+    tgt = _target(target) if target else None
     reports = []
     for p in paths:
         with _status(f"auditing {p}", quiet=as_json) as status:
@@ -326,7 +334,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_th
         raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
     meta = None
     if target:
-        meta = load_target(target).meta
+        meta = _target(target).meta
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
     report = ident.identify(trajectories, config, meta=meta)
     try:
@@ -410,7 +418,7 @@ def synth(more_trajectories, capability, description, from_file, include_all, tr
     if bool(capability) == bool(from_file):
         raise UsageError("give either --capability TEXT or --from capabilities.json")
     config = settings(SynthConfig, kwargs, price_per_1k=_price(price))
-    tgt = load_target(target)
+    tgt = _target(target)
     out_folder(config.out_dir, "--out")
     kind = S.resolve_synthesizer(config)
     if capability:

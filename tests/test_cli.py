@@ -114,7 +114,7 @@ def _bad_targets(tmp_path):
     (tmp_path / "junk.json").write_text("{not json")
     (tmp_path / "notools.json").write_text(json.dumps({"hello": "world"}))
     (tmp_path / "empty").mkdir()
-    return {"missing": (tmp_path / "nowhere", "does not exist"),
+    return {"missing": (tmp_path / "nowhere", "no such folder or file"),
             "junk JSON": (tmp_path / "junk.json", "not valid JSON"),
             "not a tool list": (tmp_path / "notools.json", "tool"),
             "empty folder": (tmp_path / "empty", "holds neither")}
