@@ -39,6 +39,7 @@ from envforge import __version__
 from envforge.contract import Finding, Report, findings_from
 from envforge.errors import EnvforgeError, InputError, UsageError
 from envforge.llm import atomic_write, request_key, run_concurrently
+from envforge.progress import Progress, Step, reporter
 from envforge.synth.classify import Unsupported
 from envforge.synth.config import SYNTHESIZERS, SynthConfig  # noqa: F401 (part of the API)
 from envforge.synth.families import FAMILIES, Family, family_list, match_family
@@ -296,7 +297,7 @@ class _Run:
         self.say("gate: waiting for the gate")
         return audit(self.folder, target=self.target, backend=self.config.backend,
                      settings=GateSettings(seeds=self.config.seeds), write_report=True,
-                     progress=lambda s: self.say(f"gate: {s}"))
+                     progress=lambda step: self.say(f"gate: {step.text}"))
 
 
 def target_label(target: str | Path | Target) -> str:
@@ -309,19 +310,20 @@ def target_label(target: str | Path | Target) -> str:
 
 
 def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: SynthConfig | None = None,
-               *, client: Any = None, progress: Callable[[str], None] | None = None,
+               *, client: Any = None, progress: Progress | None = None,
                label: str | None = None) -> SynthResult:
     """Synthesize one capability on ``target``; write ``env.py``, ``manifest.json`` and
     ``report.json`` into ``config.out_dir/<slug>``. Returns the result (verdict ``accept``,
     ``reject``, or ``error`` with a message), never raises for a capability-level failure
-    except UsageError (the command was asked something impossible)."""
+    except UsageError (the command was asked something impossible). ``progress`` gets a
+    ``Step`` (``envforge.progress``) per phase, its item the capability."""
     config = config or SynthConfig()
     spec = CapabilitySpec(spec) if isinstance(spec, str) else spec
     target_spec = label or target_label(target)
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
     family = match_family(spec.name, spec.description) if kind == "template" else None
-    say = progress or (lambda s: None)
+    say = reporter(progress, spec.name)
     run = _Run(spec, tgt, target_spec, config, kind, family, say)
     if kind == "openai" and client is not None:
         run.manifest["model"] = client.model
@@ -411,9 +413,10 @@ def _llm(run: _Run, client: Any) -> SynthResult:
 
 def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Target,
                      config: SynthConfig | None = None, *, client: Any = None,
-                     progress: bool = False) -> list[SynthResult]:
-    """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once,
-    with a rich progress display on stderr when ``progress``. Results in the order of ``specs``;
+                     progress: Progress | None = None) -> list[SynthResult]:
+    """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once;
+    ``progress`` gets each capability's steps, and one with ``done``/``total`` as each
+    finishes. Results in the order of ``specs``;
     a capability that fails is an ``error`` result, not an exception (UsageError aside). Two
     capabilities that would write the same folder (the same template family) run once: the
     later one is an ``error`` result naming the first."""
@@ -440,40 +443,24 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
         else:
             first[slug] = i
     todo = [i for i in range(len(specs)) if results[i] is None]
-    bar = None
+    finished = 0
     lock = threading.Lock()
-    if progress and todo:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        overall = bar.add_task("synthesizing", total=len(todo))
-        bar.start()
 
     def one(i: int) -> SynthResult:
+        nonlocal finished
         spec = specs[i]
-        task = bar.add_task(f"  {spec.name}", total=None) if bar else None
-
-        def say(s: str) -> None:
-            if bar is not None:
-                with lock:
-                    bar.update(task, description=f"  {spec.name}: {s}")
         try:
-            return synthesize(spec, tgt, config, client=client, progress=say, label=label)
+            return synthesize(spec, tgt, config, client=client, progress=progress, label=label)
         except UsageError as e:  # a capability the template families do not cover
             return SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
         finally:
-            if bar is not None:
-                with lock:
-                    bar.remove_task(task)
-                    bar.advance(overall)
+            with lock:
+                finished += 1
+                if progress is not None:
+                    progress(Step("done", spec.name, finished, len(todo)))
 
-    try:
-        for i, r in zip(todo, run_concurrently(one, todo, config.concurrency)):
-            results[i] = r
-    finally:
-        if bar is not None:
-            bar.stop()
+    for i, r in zip(todo, run_concurrently(one, todo, config.concurrency)):
+        results[i] = r
     return [r for r in results if r is not None]
 
 
