@@ -76,7 +76,7 @@ def test_a_flawed_env_is_repaired_and_accepted_on_attempt_2(server, tmp_path, go
     assert repair[2] == {"role": "assistant", "content": fenced(flawed)}
     text = repair[3]["content"]
     assert text.startswith("The gate rejected this env.py. Its findings (fix every one):\n\n- [static.import] line ")
-    assert first[0]["message"] in text
+    assert first[0].message in text
     assert "```python\n" + flawed.rstrip("\n") + "\n```" in text
     assert text.endswith("Reply with the complete corrected env.py in one ```python block.")
     # what landed on disk
