@@ -55,10 +55,27 @@ def test_one_line_per_trajectory_and_capability_and_all_eight_per_trajectory():
         assert caps == CAPABILITIES, f"{key}: missing {sorted(CAPABILITIES - caps)}"
 
 
-def test_no_conversation_text_is_stored():
-    # only ids, labels and one-line reasons: no message bodies (licences)
+def test_reasons_are_short():
     for r in _records():
         assert len(r["why"]) <= 300, f"{r['source']}#{r['index']}: 'why' is one line, not a quote"
+
+
+@needs_shared
+def test_no_conversation_text_is_stored():
+    # only ids, labels and one-line reasons, never message bodies (licences): no reason shares
+    # a run of 60 characters with any message of its trajectory
+    from envforge.trajectories import load_trajectories
+
+    window = 60
+    by_source: dict[str, list] = {}
+    for r in _records():
+        ts = by_source.setdefault(r["source"], load_trajectories(SHARED / "trajectories" / r["source"]))
+        text = "\n".join((m.get("content") or "") for m in ts[r["index"]].messages)
+        why = r["why"]
+        for i in range(max(0, len(why) - window + 1)):
+            assert why[i:i + window] not in text, (
+                f"{r['source']}#{r['index']} {r['capability']}: 'why' quotes the conversation: "
+                f"{why[i:i + window]!r}")
 
 
 @needs_shared
