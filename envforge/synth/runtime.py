@@ -1,6 +1,26 @@
-"""The runtime every template env carries (see __init__.py). Everything above the family's
-class: argument validation, value drawing, the world's records, the tool dispatcher, the scripted
-user's text analysis and the episode loop."""
+"""The runtime every template env carries: argument validation against the target's schemas,
+value drawing from recipes, the world's records, the tool dispatcher, the scripted user's text
+analysis and the episode loop (``BaseEnv``). A family's env class (``families/<slug>.py``, below
+its ENV_PY line) subclasses ``BaseEnv``.
+
+``templates.render`` copies the text below the ENV_PY line into every env.py, after the target's
+schemas and the plan written as the five constants that stand here as placeholders, so that this
+module imports on its own (and the families' env classes with it) while each env.py stands
+alone. Everything below that line may use only what env.py may: the allow-listed standard-library
+modules, no envforge.
+"""
+import json
+import random
+import re
+
+# The rendered env.py defines these from the target and the family's plan instead.
+SKILLS: dict = {}
+TOOLS: list = []
+ROLES: dict = {}
+PLAN: dict = {"key": None, "noun": None, "owner": None}
+POLICY = ""
+
+# ---- ENV_PY: the shared runtime of every env.py (templates.render copies what follows)
 
 MAX_IDLE = 4
 FIRST_NAMES = ["Dana", "Ravi", "Mei", "Tomas", "Aisha", "Jonas", "Lucia", "Kwame", "Ingrid",
