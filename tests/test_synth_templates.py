@@ -5,6 +5,7 @@ full gate (where the target has the tools the family needs)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -373,3 +374,69 @@ def test_full_gate_on_a_few(tmp_path, name, family):
     report = audit(tmp_path, target=t, write_report=False)
     assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
     assert report.stats["solved"] == "50/50"
+
+
+# ============================================================================= the people in a scenario
+
+PERSON = r"([A-Z][a-z]+ [A-Z][a-z]+)"
+
+
+def _pairs():
+    for name in MATRIX_TARGETS:
+        for f in FAMILIES:
+            yield name, f.slug
+
+
+@pytest.mark.parametrize("name, family", list(_pairs()))
+def test_the_person_in_the_users_words_is_the_one_the_tools_return(name, family):
+    """Over many seeds: the name and identity details the user gives are those of the record the
+    tools return for them (a lookup's id, the owner's record), an id made of a person's name is
+    that person's, and a request made for someone else names the owner of the record."""
+    t = target(name)
+    try:
+        src, _ = synthesize_template(family, family, t)
+    except Unsupported:
+        pytest.skip(f"{family} needs tools {name} lacks")
+    ns: dict = {}
+    exec(compile(src, "env.py", "exec"), ns)  # noqa: S102 - our own template output
+    owner, roles = ns["PLAN"]["owner"], ns["ROLES"]
+    if owner is None:
+        pytest.skip(f"{name}: the records {family} uses have no owner")
+    named_ids = any(isinstance(part, list) and part[0] in ("f", "l")
+                    for pattern in owner["id"]["patterns"] for part in pattern)
+    lookups = {n for n, r in roles.items() if r["kind"] == "lookup"}
+    for seed in range(40):
+        env = ns["Env"]()
+        obs, _ = env.reset(seed)
+        w = env._w
+        opening = obs["messages"][1]["content"]
+        for oid, rec in w["owners"].items():
+            first, last = rec["name"].split(" ")
+            if named_ids:
+                assert first.lower() in oid and last.lower() in oid, (seed, oid, rec["name"])
+            for param, field in owner["identity"].items():
+                if field in ("first_name", "last_name"):
+                    assert rec[param] == {"first_name": first, "last_name": last}[field]
+                if field == "email":
+                    assert rec[param].startswith(f"{first}.{last}".lower()), (seed, rec)
+        said = re.search(r"I'm " + PERSON, opening)
+        if said:
+            assert said.group(1) == w["owners"][w["caller"]]["name"], (seed, opening)
+            for param, field in owner["identity"].items():
+                value = w["owners"][w["caller"]][param]
+                assert str(value) in opening, (seed, param, opening)
+        other = re.search(r"for my \w+ " + PERSON + r", who asked me to handle this for them: "
+                          r"their \S+ (\S+)\.", opening)
+        if other:
+            key = other.group(2)
+            assert w["owners"][w["entities"][key][owner["param"]]]["name"] == other.group(1), (seed, opening)
+        # the reference's lookups return the caller, who is the person the user said they are
+        for action in env.solve(seed):
+            o, *_ = env.step(action)
+            for call, msg in zip(action.get("tool_calls") or [], o["messages"]):
+                if call["function"]["name"] in lookups:
+                    found = msg["content"] if not msg["content"].startswith("{") else \
+                        json.loads(msg["content"])[owner["param"]]
+                    assert found == w["caller"], (seed, msg)
+                    if said:
+                        assert w["owners"][found]["name"] == said.group(1)
