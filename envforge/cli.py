@@ -260,9 +260,10 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
         **{k: v for k, v in given.items() if v is not None})
     if labeler != "structural" and not model:
         raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
-    meta = _target(target).meta if target else None
+    tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
-    result = ident.identify(trajectories, config, meta=meta)
+    result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
+                            policy=tgt.policy if tgt else None)
     result.write(out)
     if labels_out:
         result.write_labels(labels_out)

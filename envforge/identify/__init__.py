@@ -102,10 +102,12 @@ def task_text(t: Trajectory) -> str:
 
 
 def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None = None, *,
-             meta: dict[str, dict] | None = None, client: Any = None) -> Identification:
+             meta: dict[str, dict] | None = None, policy: str | None = None,
+             client: Any = None) -> Identification:
     """Label, compute the statistics, select.
 
-    ``meta`` is the target's tool metadata (read/write), ``client`` an
+    ``meta`` is the target's tool metadata (read/write), ``policy`` its policy text (what the
+    rules may check: whether writes need confirmation, time windows), ``client`` an
     :class:`envforge.llm.LLMClient` for the LLM and hybrid labellers (made from ``config`` when
     None).
     """
@@ -119,7 +121,7 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
     llm_info = None
     reads_expected = {r.capability.name: r.reads_expected for r in STRUCTURAL_RULES}
     if config.labeller == "structural":
-        caps, verdicts = label_structural(trajectories, meta)
+        caps, verdicts = label_structural(trajectories, meta, policy)
     else:
         if client is None:
             from envforge.llm import LLMClient
@@ -127,7 +129,7 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
                                rate_limit=config.rate_limit)
         labeller = LLMLabeller(client, config)
         if config.labeller == "hybrid":
-            caps, proposals = label_structural(trajectories, meta)
+            caps, proposals = label_structural(trajectories, meta, policy)
             verdicts = labeller.label(trajectories, caps, proposals)
         else:
             caps = labeller.discover([t for t, ok in zip(trajectories, success) if not ok])

@@ -60,8 +60,10 @@ class View:
     trajectory: Trajectory
     calls: list[Call]
     expected: list[dict] | None        # the agent's expected actions (requestor assistant)
+    context: list[Call]                # every call, pre-filled history included (what was known)
     meta: dict[str, dict]
     start: int                         # first message that is not pre-filled history
+    policy: str = ""                   # the target's policy and the system prompt, lower-cased
 
     @property
     def messages(self) -> list[dict]:
@@ -83,7 +85,9 @@ class View:
         return "\n".join(parts).lower()
 
 
-def view(t: Trajectory, meta: dict[str, dict] | None = None) -> View:
+def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None = None) -> View:
+    """The rules' view of ``t``; ``meta``: the target's tool metadata, ``policy``: its policy
+    text (the trajectory's system prompt is added to it)."""
     meta = meta or {}
     start = t.metadata.get("history") or 0
     start = start if isinstance(start, int) and 0 <= start <= len(t.messages) else 0
@@ -112,7 +116,9 @@ def view(t: Trajectory, meta: dict[str, dict] | None = None) -> View:
     expected = None
     if t.expected_actions is not None:
         expected = [e for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
-    return View(t, [c for c in calls if c.index >= start], expected, meta, start)
+    system = [m.get("content") or "" for m in t.messages if m.get("role") == "system"]
+    text = "\n".join([policy or ""] + system).lower()
+    return View(t, [c for c in calls if c.index >= start], expected, calls, meta, start, text)
 
 
 # ============================================================================= small helpers
@@ -316,14 +322,14 @@ _DEAD = {"cancelled", "canceled", "closed", "deleted", "expired", "terminated"}
 _STATE_ERROR = re.compile(r"\b(already|cannot|can ?not|can't|not allowed|not permitted|"
                           r"not eligible|ineligible|no longer|non-[a-z]+|only .* can|status)\b", re.I)
 _NOW = re.compile(r"current time is (\d{4}-\d{2}-\d{2})[ t](\d{2}:\d{2}(?::\d{2})?)", re.I)
-_WINDOW = re.compile(r"within (\d+) hours? of (?:booking|the booking|purchase|creation)", re.I)
+_WINDOW = re.compile(r"within (?:the (?:last|past|first) )?(\d+) (?:hours?|hrs?)\b", re.I)
 
 
-def _read_of(v: View, i: int, ent: Any) -> tuple[Call, dict] | None:
-    """The latest error-free call before call ``i`` that showed entity ``ent``: a read that took
-    it as an argument or returned it, or a write of the agent's that returned it. Its result's
-    record for the entity ({} when the result is not JSON)."""
-    for p in reversed(v.calls[:i]):
+def _read_of(v: View, c: Call, ent: Any) -> tuple[Call, dict] | None:
+    """The latest error-free call before ``c`` (pre-filled history included) that showed entity
+    ``ent``: a read that took it as an argument or returned it, or a write that returned it.
+    Its result's record for the entity ({} when the result is not JSON)."""
+    for p in reversed([p for p in v.context if p.index < c.index]):
         if p.error or p.kind not in ("read", "write"):
             continue
         took = p.kind == "read" and ent in [x for _, x in leaves(p.arguments)]
@@ -335,17 +341,17 @@ def _read_of(v: View, i: int, ent: Any) -> tuple[Call, dict] | None:
     return None
 
 
-def _authenticated(v: View, i: int) -> set:
-    """User ids the agent looked up before call ``i`` (whose details it read)."""
-    return {c.arguments["user_id"] for c in v.calls[:i]
-            if c.kind == "read" and not c.error and isinstance(c.arguments.get("user_id"), str)}
+def _authenticated(v: View, c: Call) -> set:
+    """User ids the agent looked up before call ``c`` (whose details it read)."""
+    return {p.arguments["user_id"] for p in v.context if p.index < c.index
+            and p.kind == "read" and not p.error and isinstance(p.arguments.get("user_id"), str)}
 
 
 def _policy_window(v: View) -> tuple[datetime, int] | None:
-    """The current time and an N-hour window of the policy in the system prompt, when both
-    are stated ("The current time is 2024-05-15 15:00:00", "within 24 hours of booking")."""
-    system = " ".join(m.get("content") or "" for m in v.messages if m.get("role") == "system")
-    now, window = _NOW.search(system), _WINDOW.search(system)
+    """The current time and an N-hour window of the policy (its text or the system prompt),
+    when both are stated ("The current time is 2024-05-15 15:00:00", "the booking was made
+    within the last 24 hrs")."""
+    now, window = _NOW.search(v.policy), _WINDOW.search(v.policy)
     if not now or not window:
         return None
     try:
@@ -355,53 +361,96 @@ def _policy_window(v: View) -> tuple[datetime, int] | None:
     return t, int(window[1])
 
 
+def _exempt(rec: dict) -> bool:
+    """The record shows what such windows usually exempt: a premium cabin or insurance."""
+    return str(rec.get("cabin", "")).lower() == "business" or str(rec.get("insurance", "")).lower() == "yes"
+
+
+def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]:
+    """Why write ``c`` was not allowed by what the agent had read (a LACKING verdict), or None;
+    and the read that showed its entity (None when there was none or no entity)."""
+    if (ent := entity(c.arguments)) is None:
+        return None, None
+    read = _read_of(v, c, ent)
+    if read is None:
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} with no earlier read of it"), None
+    p, rec = read
+    status = rec.get("status")
+    words = set(c.name.lower().split("_"))
+    if isinstance(status, str) and status.lower() not in words and (
+            words & _STATUS_WORDS or status.lower() in _DEAD):
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} although the read at turn "
+                       f"{p.result_index} showed status {status!r}"), p
+    owner, users = rec.get("user_id"), _authenticated(v, c)
+    if isinstance(owner, str) and owner != ent and users and owner not in users:
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)}, owned by {owner!r} (turn "
+                       f"{p.result_index}), not by the user looked up ({', '.join(sorted(users))})"), p
+    window = _policy_window(v)
+    if window and "cancel" in words and isinstance(rec.get("created_at"), str) and not _exempt(rec):
+        try:
+            created = datetime.fromisoformat(rec["created_at"].replace("T", " "))
+        except ValueError:
+            created = None
+        if created and window[0] - created > timedelta(hours=window[1]):
+            return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} booked {rec['created_at']}, "
+                           f"more than {window[1]} hours before now ({window[0]}; turn "
+                           f"{p.result_index}): outside the policy's window"), p
+    if c.error and _STATE_ERROR.search(c.result or ""):
+        return Verdict(LACKING, c.result_index, f"{c.name} on {_quote(ent)} refused: "
+                       f"{_quote((c.result or '').strip(), 100)}"), p
+    return None, p
+
+
 def rule_precondition_verification(v: View) -> Verdict:
     """Precondition verification: before changing an entity, the agent read it, and what the
     read showed allowed the change.
 
     For each write with an entity (its ``*_id``, see :func:`entity`): LACKING when no earlier
-    error-free call showed the entity; when the read showed a status the tool's name excludes
-    (``cancel_pending_order`` on a ``processed`` order) or a closed entity (``cancelled``);
-    when it showed another owner (``user_id``) than every user the agent looked up; when it
-    showed a ``created_at`` older than the policy's "within N hours of booking" window and the
-    write cancels; or when the tool refused the write for the entity's state ("already",
-    "cannot", "not eligible"). PRESENT when every such write passed; NA when there was none.
+    error-free call (pre-filled history included) showed the entity; when the read showed a
+    status the tool's name excludes (``cancel_pending_order`` on a ``processed`` order) or a
+    closed entity (``cancelled``); when it showed another owner (``user_id``) than every user
+    the agent looked up; when it showed a ``created_at`` older than the policy's "within N
+    hours" window, no premium cabin or insurance, and the write cancels; or when the tool
+    refused the write for the entity's state ("already", "cannot", "not eligible"). PRESENT
+    when every such write passed, or when the agent made no write but read a record and told
+    the user the change was not possible (it declined what the record forbade); NA otherwise.
     """
     judged = None
-    window = _policy_window(v)
-    for i, c in enumerate(v.calls):
-        if c.kind != "write" or (ent := entity(c.arguments)) is None:
-            continue
-        read = _read_of(v, i, ent)
-        if read is None:
-            return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} with no earlier read of it")
-        p, rec = read
-        status = rec.get("status")
-        words = set(c.name.lower().split("_"))
-        if isinstance(status, str) and status.lower() not in words and (
-                words & _STATUS_WORDS or status.lower() in _DEAD):
-            return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} although the read at turn "
-                           f"{p.result_index} showed status {status!r}")
-        owner, users = rec.get("user_id"), _authenticated(v, i)
-        if isinstance(owner, str) and owner != ent and users and owner not in users:
-            return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)}, owned by {owner!r} "
-                           f"(turn {p.result_index}), not by the user looked up ({', '.join(sorted(users))})")
-        if window and "cancel" in words and isinstance(rec.get("created_at"), str):
-            try:
-                created = datetime.fromisoformat(rec["created_at"].replace("T", " "))
-            except ValueError:
-                created = None
-            if created and window[0] - created > timedelta(hours=window[1]):
-                return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} booked {rec['created_at']}"
-                               f", more than {window[1]} hours before now ({window[0]}): "
-                               "outside the policy's window")
-        if c.error and _STATE_ERROR.search(c.result or ""):
-            return Verdict(LACKING, c.result_index, f"{c.name} on {_quote(ent)} refused: "
-                           f"{_quote((c.result or '').strip(), 100)}")
-        judged = judged or Verdict(PRESENT, p.result_index,
-                                   f"read {_quote(ent)} (turn {p.result_index}) before {c.name}; "
-                                   "nothing it showed forbade the change")
-    return judged or Verdict(NA, None, "no write on an identified entity")
+    for c in v.writes:
+        problem, read = precondition_problem(v, c)
+        if problem is not None:
+            return problem
+        if read is not None:
+            judged = judged or Verdict(PRESENT, read.result_index, f"read {_quote(entity(c.arguments))} "
+                                       f"(turn {read.result_index}) before {c.name}; nothing it "
+                                       "showed forbade the change")
+    if judged:
+        return judged
+    if not v.writes:
+        declined = _declined_after_read(v)
+        if declined is not None:
+            return declined
+    return Verdict(NA, None, "no write on an identified entity")
+
+
+def _declined_after_read(v: View) -> Verdict | None:
+    """The agent read a record (a read keyed by an id other than the user's) and then told the
+    user the change could not be made."""
+    read = next((c for c in v.calls if c.kind == "read" and not c.error and any(
+        _is_id_key(k) and k != "user_id" for k in c.arguments)), None)
+    if read is None:
+        return None
+    after = read.result_index or read.index
+    for j, m in enumerate(v.messages[after + 1:], after + 1):
+        if m.get("role") == "assistant" and _REFUSE.search(m.get("content") or ""):
+            return Verdict(PRESENT, j, f"read {read.name} (turn {read.index}) and declined the change")
+    return None
+
+
+_REFUSE = re.compile(r"\b(not eligible|cannot be (?:cancel|modif|chang|return|exchang|refund)|"
+                     r"can't be (?:cancel|modif|chang)|unable to (?:cancel|modify|change|process)|"
+                     r"not (?:allowed|permitted|possible) to|does not (?:allow|qualify|meet)|"
+                     r"doesn't (?:allow|qualify|meet)|not able to (?:cancel|modify|change))", re.I)
 
 
 def rule_argument_precision(v: View) -> Verdict:
@@ -495,11 +544,14 @@ def rule_confirmation_before_write(v: View) -> Verdict:
     A write is confirmed when the last user message before it affirms (yes, confirm, proceed,
     go ahead, ...; not starting with "no") and answers an assistant message that asked (a
     question mark, "confirm" or "proceed"). LACKING when any write is unconfirmed; PRESENT when
-    all are; NA when the agent made no write.
+    all are; NA when the agent made no write, or the policy is known (the target's or the system
+    prompt) and never asks for confirmation.
     """
     writes = v.writes
     if not writes:
         return Verdict(NA, None, "no write")
+    if v.policy.strip() and "confirm" not in v.policy:
+        return Verdict(NA, None, "the policy asks for no confirmation")
     for c in writes:
         if not _confirmed(v.messages, c.index):
             return Verdict(LACKING, c.index, f"{c.name} without an explicit yes to a question first")
@@ -511,7 +563,8 @@ def rule_policy_adherence(v: View) -> Verdict:
 
     Pairs the agent's accepted writes with the task's expected writes (see
     :func:`write_pairs`). LACKING when an accepted write is left over (a change the policy
-    forbids, one nobody asked for, a second booking); PRESENT when every accepted write was
+    forbids, one nobody asked for, a second booking) and the entity's state does not explain it
+    (that one is precondition verification's: one root cause, one label); PRESENT when every accepted write was
     expected, including a task that expected none and an agent that refused; NA when the
     expected actions are unknown or the agent changed nothing although the task expected a
     change (see action completion). Reads the expected actions.
@@ -523,7 +576,7 @@ def rule_policy_adherence(v: View) -> Verdict:
         return (Verdict(NA, None, "no change made; the task expected some") if v.expected_writes
                 else Verdict(PRESENT, None, "no change made, and none was expected"))
     paired = {id(c) for _, c in write_pairs(v)}
-    extra = [c for c in made if id(c) not in paired]
+    extra = [c for c in made if id(c) not in paired and precondition_problem(v, c)[0] is None]
     if extra:
         c = extra[0]
         return Verdict(LACKING, c.index, f"{c.name}({_quote(c.arguments, 80)}) is a change the task "
@@ -654,12 +707,12 @@ STRUCTURAL_RULES: list[Rule] = [
 ]
 
 
-def label_structural(trajectories: Sequence[Trajectory], meta: dict[str, dict] | None = None
-                     ) -> tuple[list[Capability], list[dict[str, Verdict]]]:
+def label_structural(trajectories: Sequence[Trajectory], meta: dict[str, dict] | None = None,
+                     policy: str | None = None) -> tuple[list[Capability], list[dict[str, Verdict]]]:
     """The capabilities of :data:`STRUCTURAL_RULES` and, per trajectory, name -> verdict."""
     caps = [r.capability for r in STRUCTURAL_RULES]
     verdicts = []
     for t in trajectories:
-        v = view(t, meta)
+        v = view(t, meta, policy)
         verdicts.append({r.capability.name: r.judge(v) for r in STRUCTURAL_RULES})
     return caps, verdicts
