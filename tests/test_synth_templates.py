@@ -216,6 +216,12 @@ def test_a_family_module_must_be_named_after_its_slug(tmp_path, monkeypatch):
     ("verifying order status before cancelling", "precondition_verification"),
     ("asks for explicit consent", "confirmation_before_write"),
     ("computing refund totals", "structured_data_reasoning"),
+    ("action completion", "action_completion"),
+    ("stops early before finishing every change", "action_completion"),
+    ("error recovery", "error_recovery"),
+    ("retries after a failed tool call", "error_recovery"),
+    ("escalation judgement", "escalation_judgement"),
+    ("knows when to transfer to a human", "escalation_judgement"),
 ])
 def test_capability_text_maps_to_the_nearest_family(text, slug):
     assert match_family(text).slug == slug
@@ -223,14 +229,23 @@ def test_capability_text_maps_to_the_nearest_family(text, slug):
 
 def test_unknown_capability_text_fails_listing_the_families():
     with pytest.raises(UsageError) as e:
-        match_family("escalation judgement", "transfers to a human when the request is out of scope")
+        match_family("greets the customer politely", "says hello and thanks")
     assert str(e.value) == (
-        "capability 'escalation judgement' matches none of the template synthesizer's families; name "
-        "one of: 'precondition verification' (precondition_verification); 'structured data "
-        "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
-        "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
-        "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use "
-        "--llm openai, which takes any capability)")
+        "capability 'greets the customer politely' matches none of the template synthesizer's "
+        "families; name one of: 'precondition verification' (precondition_verification); "
+        "'structured data reasoning' (structured_data_reasoning); 'tool-call argument precision' "
+        "(argument_precision); 'confirmation before write' (confirmation_before_write); 'policy "
+        "adherence / refusal' (policy_adherence); 'multi-step information gathering' "
+        "(information_gathering); 'action completion' (action_completion); 'error recovery' "
+        "(error_recovery); 'escalation judgement' (escalation_judgement) (or use --llm openai, "
+        "which takes any capability)")
+
+
+def test_every_capability_of_the_structural_labeller_has_a_family():
+    """So that `envforge identify` then `envforge synth --from` works offline."""
+    from envforge.identify import STRUCTURAL_RULES
+    for capability, _ in STRUCTURAL_RULES:
+        assert match_family(capability.name, capability.description).name == capability.name
 
 
 # ============================================================================= the env it writes
