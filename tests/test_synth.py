@@ -20,7 +20,7 @@ from envforge.synth import (FAMILIES, CapabilitySpec, SynthConfig, existing_env,
                             load_capabilities, resolve_synthesizer, sha256, slug_for, synthesize)
 from envforge.targets import load_target
 from envforge.trajectories import Trajectory
-from tests.conftest import REPO, TARGETS, needs_shared
+from tests.conftest import REPO, SHARED, TARGETS, needs_shared
 
 FAST = ["--seeds", "8"]
 SLUG = "helpdesk_precondition_verification"
@@ -320,3 +320,20 @@ def test_import_synth_is_light():
     heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "envforge.gate",
              "envforge.cli", "sandbox")
     assert not [m for m in mods if m.startswith(heavy)]
+
+
+@needs_shared
+def test_identify_then_synth_from_works_offline(tmp_path, out):
+    """README's chain on the real trajectories: the structural labeller's capabilities (all of
+    them, with --all) each get a template env that the gate accepts on tau2 retail."""
+    caps = tmp_path / "capabilities.json"
+    files = sorted(str(p) for p in (SHARED / "trajectories").glob("*.json"))
+    r = invoke("identify", *files, "-o", str(caps), "--no-plot", "--json")
+    assert r.exit_code == 0, r.output
+    found = json.loads(caps.read_text())["capabilities"]
+    assert found[0]["name"] == "action completion" and found[0]["retained"]
+    r = invoke("synth", "--from", str(caps), "--all", "-t", str(TARGETS / "tau2" / "retail"),
+               "--out", str(out), *FAST, "--json")
+    results = json.loads(r.output)
+    assert [(x["capability"], x["verdict"]) for x in results] == [(c["name"], "accept") for c in found]
+    assert r.exit_code == 0
