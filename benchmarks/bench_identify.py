@@ -69,7 +69,10 @@ def responder(body: dict) -> str:
     labels = {}
     for n, _ in CANDIDATES:
         p_lacking = 0.7 if fail and n == "precondition verification" else 0.2
-        labels[n] = "LACKING" if rng.random() < p_lacking else rng.choice(["PRESENT", "NA"])
+        lab = "LACKING" if rng.random() < p_lacking else rng.choice(["PRESENT", "NA"])
+        # the rubric's evidence: a turn and a quote from it (turn 0 is the user's request)
+        labels[n] = {"label": lab, "turn": None if lab == "NA" else 0,
+                     "quote": None if lab == "NA" else "Please cancel reservation"}
     return json.dumps({"labels": labels})
 
 
@@ -96,9 +99,9 @@ def one(ts, latency: float, concurrency: int, runs: int, cache: Path) -> list[di
     try:
         for attempt in ("cold", "cached re-run"):
             client = LLMClient("bench-model", base_url=url, api_key="sk-bench", cache_dir=cache)
-            cfg = IdentifyConfig(labeler="llm", model="bench-model", runs=runs, concurrency=concurrency)
+            cfg = IdentifyConfig(labeller="llm", model="bench-model", runs=runs, concurrency=concurrency)
             start = time.monotonic()
-            report = identify(ts, cfg, client=client)
+            report = identify(ts, cfg, client=client).to_dict()
             wall = time.monotonic() - start
             stop.put("log" if attempt == "cold" else "stop")
             kinds = logs.get(timeout=60)
