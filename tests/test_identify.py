@@ -350,6 +350,13 @@ def test_argument_precision_is_transcription_slips_only():
     assert label(traj(user("I fly on May 20th, id mia_li_3668"),
                       *call("book_reservation", {"user_id": "mia_li_3668", "date": "2024-05-20"})),
                  name) == PRESENT
+    # an option written with "_" where the user said "-" (the schema's enum) is no slip
+    assert label(traj(user("one-way, id mia_li_3668"),
+                      *call("book_reservation", {"user_id": "mia_li_3668", "flight_type": "one_way"})),
+                 name) == PRESENT
+    # free text (a title, a reason) is the agent's own wording, never a slip
+    assert label(traj(user("a task for the meetings, user_1"),
+                      *call("create_task", {"user_id": "user_1", "title": "Meeting"})), name) == PRESENT
     assert label(traj(*trip), name) == NA                                # no write
     # numbers are computed, not transcribed
     assert label(traj(given, *book(amount=999)), name) == PRESENT
@@ -408,6 +415,18 @@ def test_policy_adherence():
     assert label(traj(say("bye"), expected=[("cancel_reservation", {})]), name) == NA
     # one root cause: a write the entity's state forbade is precondition verification's
     assert label(traj(*cancel, expected=[]), name) == PRESENT
+    # the expected change, on the expected record, with another choice the conversation offered
+    flights = call("search_direct_flight", {"origin": "JFK"}, '[{"destination": "PHL"}, {"destination": "EWR"}]')
+    upd = lambda dest: call("update_reservation", {"reservation_id": "R1", "destination": dest})  # noqa: E731
+    exp = [("update_reservation", {"reservation_id": "R1", "destination": "PHL"})]
+    v = verdict(traj(*read, *flights, *upd("EWR"), expected=exp), name)
+    assert v.label == LACKING and "chose destination=EWR where the task called for PHL" in v.why
+    assert label(traj(*read, *flights, *upd("PHL"), expected=exp), name) == PRESENT
+    # ... but not for a slip (a value seen nowhere: argument precision) or an amount
+    assert label(traj(*read, *flights, *upd("PHX"), expected=exp), name) == PRESENT
+    amount = lambda x: call("update_reservation", {"reservation_id": "R1", "amount": x})  # noqa: E731
+    assert label(traj(*read, *amount(5), expected=[("update_reservation", {"reservation_id": "R1",
+                                                                           "amount": 7})]), name) == PRESENT
 
 
 def test_action_completion():
@@ -421,6 +440,15 @@ def test_action_completion():
     assert label(traj(*failed, expected=exp), name) == LACKING
     assert label(traj(*cancel, expected=[("get_reservation_details", {})]), name) == NA
     assert label(traj(*cancel), name) == NA
+    # a refused call, then the accepted one: the accepted one is paired
+    assert label(traj(*failed, *cancel, expected=exp), name) == PRESENT
+    # the expected change, which the record the agent read forbade: refusing it was right
+    closed = call("get_reservation_details", {"reservation_id": "R1"},
+                  '{"reservation_id": "R1", "status": "cancelled"}')
+    exp1 = [("cancel_reservation", {"reservation_id": "R1"})]
+    assert label(traj(*closed, say("That reservation cannot be cancelled."), expected=exp1), name) == NA
+    ok = call("get_reservation_details", {"reservation_id": "R1"}, '{"reservation_id": "R1", "status": "active"}')
+    assert label(traj(*ok, say("That reservation cannot be cancelled."), expected=exp1), name) == LACKING
 
 
 def test_error_recovery():
