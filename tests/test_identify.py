@@ -395,6 +395,13 @@ def test_confirmation_before_write():
     # a policy that never asks for confirmation: not exercised
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "1. Each task must have a title") == NA
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "obtain explicit user confirmation") == LACKING
+    # a policy that asks to confirm the price (telecom): paid changes only
+    telecom = "To refuel data you should: ask how much data they want; Confirm the price; apply it."
+    roaming = call("enable_roaming", {"customer_id": "C1", "line_id": "L1"})
+    refuel = call("refuel_data", {"customer_id": "C1", "line_id": "L1", "gb_amount": 2})
+    assert label(traj(user("turn roaming on"), *roaming), name, telecom) == NA
+    assert label(traj(user("2 GB please"), *roaming, *refuel), name, telecom) == LACKING
+    assert label(traj(say("2 GB costs $10. Shall I add it?"), user("Yes"), *refuel), name, telecom) == PRESENT
 
 
 def test_policy_adherence():
@@ -619,6 +626,8 @@ def test_cli_errors(tmp_path):
     assert r.exit_code == 2 and "error: --runs must be at least 1, got 0" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "llm"])
     assert r.exit_code == 2 and "--labeler llm needs --model" in r.output
+    r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "hybrid"])
+    assert r.exit_code == 2 and "--labeler hybrid needs --model" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "llm", "--model", "m"],
                            env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
     assert r.exit_code == 2 and "error: no LLM endpoint configured: set OPENAI_API_KEY" in r.output
