@@ -284,6 +284,19 @@ def test_precondition_verification_checks_what_the_read_showed():
     assert label(traj(*res("2024-05-15T01:00:00"), *cancel_r), name, policy) == PRESENT
     assert label(traj(*res("2024-05-13T09:00:00", "business"), *cancel_r), name, policy) == PRESENT
     assert label(traj(*res("2024-05-13T09:00:00"), *cancel_r), name) == PRESENT  # no policy known
+    # a policy rule "<value> <things> cannot be <done>" that the record shows applies
+    basic = "- Basic economy flights cannot be modified.\n- Cabin cannot be changed if flown."
+    be = call("get_reservation_details", {"reservation_id": "R1"},
+              json.dumps({"reservation_id": "R1", "cabin": "basic_economy", "flights": []}))
+    move = call("update_reservation_flights", {"reservation_id": "R1", "cabin": "basic_economy",
+                                               "flights": [{"flight_number": "HAT1"}]})
+    v = verdict(traj(*be, *move), name, basic)
+    assert v.label == LACKING and "basic economy flights cannot be modified" in v.why and "cabin='basic_economy'" in v.why
+    upgrade = call("update_reservation_flights", {"reservation_id": "R1", "cabin": "business", "flights": []})
+    assert label(traj(*be, *upgrade), name, basic) == PRESENT    # changes the cabin itself
+    people = call("update_reservation_passengers", {"reservation_id": "R1", "passengers": []})
+    assert label(traj(*be, *people), name, basic) == PRESENT     # not about the flights
+    assert label(traj(*be, *move), name) == PRESENT              # no policy given
     # the tool refusing the write for the entity's state
     refused = call("cancel_reservation", {"reservation_id": "R1"}, "Error: reservation is already cancelled")
     assert label(traj(*res("2024-05-15T01:00:00"), *refused), name, policy) == LACKING

@@ -382,6 +382,34 @@ def _exempt(rec: dict) -> bool:
     return str(rec.get("cabin", "")).lower() == "business" or str(rec.get("insurance", "")).lower() == "yes"
 
 
+_FORBIDS = re.compile(r"(?:^|[.:;!?\n]|^\W+)\s*(?:[-*]\s*)?([a-z][a-z ]{2,40}?) (flight|ticket|order|"
+                      r"reservation|booking|item|account|line|plan)s? cannot be "
+                      r"(modified|changed|updated|cancel+ed|returned|exchanged|booked)\b", re.M)
+_VERBS = {"modified": {"modify", "update", "change", "edit"}, "changed": {"modify", "update", "change", "edit"},
+          "updated": {"modify", "update", "change", "edit"}, "cancelled": {"cancel"}, "canceled": {"cancel"},
+          "returned": {"return"}, "exchanged": {"exchange"}, "booked": {"book"}}
+
+
+def _forbidden_by_policy(v: View, c: Call, rec: dict) -> str | None:
+    """A rule of the policy of the form "<value> <things> cannot be <done>" ("Basic economy
+    flights cannot be modified") that the record shows applies to this write: a field of the
+    record holds <value> (``basic_economy``), the write's name does <done>, and the write does
+    not itself change that field (a cabin upgrade is not a modification of the flights), and
+    the write is about those <things> (its name or an argument names them: changing the
+    passengers of a basic economy reservation is allowed)."""
+    words = set(c.name.lower().split("_"))
+    about = words | {k.lower() for k in c.arguments}
+    for m in _FORBIDS.finditer(v.policy):
+        subject, noun, verb = " ".join(m[1].split()), m[2], m[3]
+        if not words & _VERBS.get(verb, set()) or not {noun, noun + "s"} & about:
+            continue
+        for k, x in rec.items():
+            if (isinstance(x, str) and _SEPARATORS.sub(" ", x.lower()).strip() == subject
+                    and c.arguments.get(k, x) == x):
+                return f"the policy says {subject} {noun}s cannot be {verb}; the record showed {k}={x!r}"
+    return None
+
+
 def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]:
     """Why write ``c`` was not allowed by what the agent had read (a LACKING verdict), or None;
     and the read that showed its entity (None when there was none or no entity)."""
@@ -411,6 +439,8 @@ def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]
             return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} booked {rec['created_at']}, "
                            f"more than {window[1]} hours before now ({window[0]}; turn "
                            f"{p.result_index}): outside the policy's window"), p
+    if forbidden := _forbidden_by_policy(v, c, rec):
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} (turn {p.result_index}): {forbidden}"), p
     if c.error and _STATE_ERROR.search(c.result or ""):
         return Verdict(LACKING, c.result_index, f"{c.name} on {_quote(ent)} refused: "
                        f"{_quote((c.result or '').strip(), 100)}"), p
