@@ -315,13 +315,8 @@ def sandbox_doctor(as_json):
               "evidence for each (turn, why), in input order.")
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
-<<<<<<< HEAD
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
-=======
 @json_option
-@click.option("--model", help="LLM labeller: the model the endpoint serves "
->>>>>>> house
+@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
               "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
 @click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
 @click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
@@ -335,15 +330,9 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
     files, or folders of them. Writes capabilities.json and a plot; prints a table.
     """
-<<<<<<< HEAD
-    from envforge import identify as ident
     from envforge.identify import report
-    from envforge.trajectories import load_trajectories
 
     given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
-=======
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho,
->>>>>>> house
              "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
     config = ident.IdentifyConfig(
         labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
