@@ -70,9 +70,13 @@ def emit_json(data: object) -> None:
               help="Address-space limit of the sandboxed env process, MiB.")
 @click.option("--budget", type=click.FloatRange(1, 86_400), default=120.0, show_default=True,
               help="Seconds the dynamic checks of one env may take in all.")
+@click.option("--probe-seed", type=click.IntRange(0, 2**63 - 1), default=None,
+              help="Seed of the dynamic probes' draws (seeds, texts, hash seed); default: drawn per "
+              "audit. report.json records it (stats.probe_seed): pass it here to replay an audit.")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, budget, no_report, as_json):
+def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, budget, probe_seed,
+          no_report, as_json):
     """Audit env folders (or env.py files): static safety, schema fidelity, dynamic properties.
 
     Exit 0 when every env is accepted, 1 when any is rejected, 2 on usage errors.
@@ -84,7 +88,7 @@ def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, b
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
     tgt = _target(target) if target else None
-    settings = GateSettings(seeds=seeds, budget_s=budget,
+    settings = GateSettings(seeds=seeds, budget_s=budget, probe_seed=probe_seed,
                             limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
     reports = []
     for p in paths:

@@ -507,7 +507,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     _hypothesis_run(findings, "robustness", lambda: _robustness(host, tools, settings, draws))
 
     say("does the env test its capability")
-    _capability(host, by_name, solved, settings, findings, stats)
+    _capability(host, by_name, solved, settings, findings, stats, draws)
 
     def mean(eps: list[Episode]) -> float:
         done = [e.score for e in eps if e.ok]
@@ -635,7 +635,7 @@ _GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|f
 
 
 def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
-                findings: Findings, stats: dict) -> None:
+                findings: Findings, stats: dict, draws: Draws) -> None:
     """Does the env test its capability? Probes built from the reference solution: its words
     without its tool calls, each write argument changed in turn, its reads removed (for
     capabilities about gathering or checking), and whether every argument it sends could be
@@ -650,10 +650,11 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
         plan = [assistant(a["content"]) for a in e.actions if isinstance(a.get("content"), str) and a["content"].strip()]
         if plan and any(a.get("tool_calls") for a in e.actions):
             words.append(host.episode("a", e.seed, scripted(plan), "words-only"))
-    done = [w.score for w in words if w.ok]
-    if done and sum(done) / len(done) > settings.free_reward_max:
-        findings.add("free_reward", f"the reference's words alone (its tool calls removed) score "
-                     f"{sum(done) / len(done):.2f} on average: reward must need the tool calls, not a phrase.")
+    full = [w.seed for w in words if w.ok and w.score >= 1 - 1e-6]
+    if words and len(full) >= max(2, len(words) / 4):
+        findings.add("free_reward", f"the reference's words alone (its tool calls removed) earn the full "
+                     f"score on {len(full)} of {len(words)} seeds (e.g. seed {full[0]}): the reward must "
+                     "need the tool calls, not a phrase.")
     # each write argument changed in turn
     tried: dict[tuple[str, str], list] = {}
     for e in sample[:6]:
@@ -661,7 +662,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             for j, call in enumerate(a.get("tool_calls") or []):
                 name = call["function"]["name"]
                 args = _json_args(call)
-                if kinds.get(name) != "write" or not args:
+                if kinds.get(name) in ("read", "escalation") or not args:
                     continue
                 props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
                 for key in sorted(args):
@@ -670,7 +671,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                         continue
                     plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
                     ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
-                    rec = tried.setdefault((name, key), [False, 0, e.seed])
+                    rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
                     rec[0] |= not ep.ok or ep.score < e.score - 1e-6
                     rec[1] += 1
     for (name, key), (lowered, n, seed) in tried.items():
@@ -694,9 +695,15 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {capability!r} must need the information "
                          "the reads return.")
+    # episodes played to max_turns: the reference's reads again and again (else drawn talk)
+    for e in sample[:3]:
+        reads = [a for a in e.actions if a.get("tool_calls")
+                 and all(kinds.get(c["function"]["name"]) == "read" for c in a["tool_calls"])]
+        cycle = reads or [assistant(t) for t in draws.texts[:4]]
+        host.episode("a", e.seed, lambda t, m, c=cycle: c[t % len(c)], "to max_turns")
     # solvability from observations only
     hidden = []
-    schema_text = canonical_json(list(by_name.values())).lower()
+    schema_text = _squash(canonical_json(list(by_name.values())))
     for e in sample:
         found = _unobserved(e, by_name, schema_text)
         if found:
@@ -759,7 +766,7 @@ def _without_reads(actions: list, kinds: dict) -> list | None:
 def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     """The first (tool, argument, value) of the reference that names something the agent had not
     seen by then: a string (up to three words) absent from every message so far and the schemas."""
-    seen = [schema_text] + [str(m.get("content") or "").lower() for m in e.trace[0][0]["messages"]]
+    seen = [schema_text] + [_squash(m.get("content")) for m in e.trace[0][0]["messages"]]
     for t, a in enumerate(e.actions):
         for call in a.get("tool_calls") or []:
             args = _json_args(call) or {}
@@ -767,15 +774,20 @@ def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
                      .get("properties") or {})
             for key, value in args.items():
                 for v in _strings(value):
-                    low = v.lower()
-                    if len(v) < 3 or len(v.split()) > 3 or v in (props.get(key) or {}).get("enum", []):
+                    low = _squash(v)
+                    if len(low) < 3 or len(v.split()) > 3 or v in (props.get(key) or {}).get("enum", []):
                         continue
-                    escaped = json.dumps(v)[1:-1].lower()
+                    escaped = _squash(json.dumps(v))  # tool results are often JSON text: "Zo\\u00eb"
                     if not any(low in text or escaped in text for text in seen):
                         return call["function"]["name"], key, v
         if t + 1 < len(e.trace):
-            seen += [str(m.get("content") or "").lower() for m in e.trace[t + 1][0]["messages"]]
+            seen += [_squash(m.get("content")) for m in e.trace[t + 1][0]["messages"]]
     return None
+
+
+def _squash(text: Any) -> str:
+    """Lower-case letters and digits only: "#W12-3" and "w123" meet."""
+    return re.sub(r"[\W_]+", "", str(text or "").lower())
 
 
 def _strings(value: Any) -> list[str]:
