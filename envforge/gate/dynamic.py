@@ -657,7 +657,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                      "need the tool calls, not a phrase.")
     # each write argument changed in turn
     tried: dict[tuple[str, str], list] = {}
-    for e in sample[:6]:
+    for e in solved[:12]:
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
                 name = call["function"]["name"]
@@ -667,7 +667,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                 props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
-                    if new is _SKIP:
+                    if new is _SKIP or tried.get((name, key), [False])[0]:
                         continue
                     plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
                     ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
@@ -709,7 +709,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
         if found:
             hidden.append((e.seed, found))
     stats["unobservable"] = f"{len(hidden)}/{len(sample)}"
-    if sample and len(hidden) * 2 > len(sample):
+    if len(hidden) >= 2 and len(hidden) * 3 >= len(sample):
         seed, (name, key, value) = hidden[0]
         findings.add("solvability", f"the reference calls {name} with {key}={value!r}, which the agent "
                      f"never saw before that call (seed {seed}; {len(hidden)} of {len(sample)} seeds "

@@ -338,6 +338,8 @@ def _literal_strings(m: "_Module", node: ast.AST) -> list[str] | None:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "choice" \
             and len(node.args) == 1:
         return _literal_strings(m, node.args[0])
+    if isinstance(node, ast.Name) and (passed := _passed_literals(m, node)) is not None:
+        return passed
     if isinstance(node, (ast.Name, ast.Attribute)):
         name = node.id if isinstance(node, ast.Name) else node.attr
         if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
@@ -349,6 +351,38 @@ def _literal_strings(m: "_Module", node: ast.AST) -> list[str] | None:
         parts = [_literal_strings(m, v) for v in values]
         return None if any(p is None for p in parts) else [x for p in parts for x in p]
     return None
+
+
+def _passed_literals(m: "_Module", node: ast.Name) -> list[str] | None:
+    """When ``node`` is a parameter of the function it is in, and every call of that function in
+    the file passes it literals: those literals (``def f(fmt): fmt.format(...)`` with
+    ``f("A-{}")``). None when the function is also used as a value, or a call passes anything else."""
+    fn = m.parent.get(id(node))
+    while fn is not None and not isinstance(fn, (ast.FunctionDef, ast.Lambda)):
+        fn = m.parent.get(id(fn))
+    if not isinstance(fn, ast.FunctionDef) or any(
+            isinstance(n, ast.Name) and n.id == node.id and not isinstance(n.ctx, ast.Load)
+            for n in ast.walk(fn)):
+        return None
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if node.id not in params:
+        return None
+    index, out = params.index(node.id), []
+    for ref in m.nodes[ast.Name] + m.nodes[ast.Attribute]:
+        if (ref.id if isinstance(ref, ast.Name) else ref.attr) != fn.name or not isinstance(ref.ctx, ast.Load):
+            continue
+        call = m.parent.get(id(ref))
+        if not (isinstance(call, ast.Call) and call.func is ref):
+            return None  # the function is passed around: its callers are unknown
+        at = index - (1 if isinstance(ref, ast.Attribute) and params[:1] in (["self"], ["cls"]) else 0)
+        arg = next((k.value for k in call.keywords if k.arg == node.id), None)
+        if arg is None and 0 <= at < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:at + 1]):
+            arg = call.args[at]
+        texts = _literal_strings(m, arg) if arg is not None else None
+        if texts is None:
+            return None
+        out += texts
+    return out or None
 
 
 _FIELD_ATTR = re.compile(r"\.([^.\[\]!:]+)")
@@ -491,6 +525,11 @@ def check_builtins(m: _Module):
         elif name in C.FORBIDDEN_BUILTINS:
             yield _at("static.builtin", node, f"{_spelled(node)} looks up the forbidden builtin "
                       f"{name!r} by name")
+    for node in m.nodes[ast.ImportFrom]:
+        for a in node.names:
+            if f"{node.module}.{a.name}" in _EVALUATORS and not node.level:
+                yield _at("static.builtin", node, f"{node.module}.{a.name} evaluates strings as code "
+                          "with the builtins in scope; env.py may not import it")
     for node, d in m.refs:
         if d in _EVALUATORS:
             yield _at("static.builtin", node, f"{d} evaluates strings as code with the builtins "
