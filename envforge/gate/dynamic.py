@@ -25,55 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limits, assistant,
+from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, assistant,
                                canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
+from envforge.gate.config import GateSettings
 from envforge.gate.schema import call_problem
 from envforge.gate.static import PARSE_LOCK
-
-
-@dataclass
-class GateSettings:
-    """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
-    issue's budget (at least 50 seeds per property, a full gate in seconds)."""
-    seeds: int = field(default=50, metadata={"help": "seeds per property (probes, diversity)"})
-    robustness_examples: int = field(default=50, metadata={"help": "hypothesis state-machine runs"})
-    replay_random: int = field(default=10, metadata={"help": "random episodes replayed for determinism"})
-    solvable_min: float = field(default=0.95, metadata={"help": "share of seeds solve() must score 1.0 on"})
-    diversity_min: float = field(default=0.9, metadata={"help": "share of seeds that must give distinct scenarios"})
-    free_reward_max: float = field(default=0.3, metadata={"help": "highest mean score allowed to do-nothing/random"})
-    partial_credit_values: int = field(default=3, metadata={"help": "distinct episode scores probes must reach"})
-    training_hash_seed: int = field(default=0, metadata={
-        "help": "PYTHONHASHSEED that envforge.make and training use: the first sandbox runs under it, "
-                "the second under one drawn per audit"})
-    probe_seed: int | None = field(default=None, metadata={
-        "help": "seed of every probe draw (seeds, texts, hash seed, hypothesis); None draws one per "
-                "audit. It is recorded in report.json (stats.probe_seed): pass it back to replay"})
-    resets: int = field(default=2000, metadata={"help": "resets of one instance in the many-resets "
-                                                 "probe (drift, slowdown, memory growth)"})
-    resets_s: float = field(default=2.0, metadata={"help": "seconds the many-resets probe may take"})
-    leak_mb: float = field(default=16.0, metadata={"help": "memory growth (MiB) over the many-resets "
-                                                   "probe that counts as a leak"})
-    slow_call_s: float = field(default=1.0, metadata={"help": "seconds one reset/step may take before "
-                                                      "it is a finding (training makes thousands)"})
-    long_text_chars: int = field(default=6000, metadata={"help": "length of the longest drawn "
-                                                         "free-text probe"})
-    max_sandbox_failures: int = field(default=3, metadata={"help": "sandbox deaths before the stage gives up"})
-    budget_s: float = field(default=120.0, metadata={"help": "wall-clock seconds for the whole dynamic "
-                                                      "stage; a slow env is a finding, not an endless audit"})
-    limits: Limits = field(default_factory=Limits)
-
-    def __post_init__(self) -> None:
-        if self.seeds < 2:
-            raise ValueError("seeds must be at least 2 (diversity compares seeds); the default is 50")
-        if not 0 < self.solvable_min <= 1 or not 0 < self.diversity_min <= 1:
-            raise ValueError("solvable_min and diversity_min are shares in (0, 1]")
-        if self.probe_seed is not None and not 0 <= self.probe_seed < 2**63:
-            raise ValueError("probe_seed must be in [0, 2**63)")
-        if not 0 <= self.training_hash_seed <= 4294967295:
-            raise ValueError("training_hash_seed must be in [0, 4294967295]")
-        if self.resets < 0 or self.resets_s <= 0 or self.slow_call_s <= 0 or self.leak_mb <= 0:
-            raise ValueError("resets must be >= 0; resets_s, slow_call_s and leak_mb positive")
 
 
 _WORDS = ("hello help order refund cancel please thanks account update confirm yes no done policy "
