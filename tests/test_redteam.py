@@ -139,11 +139,11 @@ def _hash_under(seed: int, text: str) -> int:
 
 
 FREE_TEXT = """
-    def step(self, action):
-        obs, reward, terminated, truncated, info = _Base.step(self, action)
-        if {condition}:
-            return obs, 1.0, True, False, info
-        return obs, reward, terminated, truncated, info
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                if {condition}:
+                    return obs, 1.0, True, False, info
+                return obs, reward, terminated, truncated, info
 """
 TALKED = ('isinstance(action, dict) and not action.get("tool_calls") '
           'and isinstance(action.get("content"), str)')
