@@ -169,6 +169,7 @@ def _target(spec: str):
 @option(Limits, "call_timeout_s", "--call-timeout")
 @option(Limits, "memory_mb", "--memory-mb")
 @option(GateSettings, "budget_s", "--budget")
+@option(GateSettings, "probe_seed")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
 @json_option
 def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
