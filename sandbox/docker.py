@@ -547,16 +547,20 @@ class DockerBackend(Backend):
                               "why": why})
         return found
 
-    def reap(self) -> list[str]:
-        """Remove the ``strays()``; returns their ids."""
-        removed, api = [], self.client().api
-        for stray in self.strays():
+    def clean(self) -> list[dict]:
+        """Remove the ``strays()``; returns them, each with "removed" (False when that failed)."""
+        api, found = self.client().api, self.strays()
+        for stray in found:
             try:
                 api.remove_container(stray["id"], force=True)
-                removed.append(stray["id"])
-            except Exception:  # removed meanwhile
-                pass
-        return removed
+                stray["removed"] = True
+            except Exception:  # removed meanwhile, or the engine refused
+                stray["removed"] = False
+        return found
+
+    def reap(self) -> list[str]:
+        """Remove the ``strays()``; returns the ids removed."""
+        return [stray["id"] for stray in self.clean() if stray["removed"]]
 
     def host_config(self, limits: Limits, sock_dir: str | None) -> dict:
         docker = _sdk()

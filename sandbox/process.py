@@ -78,6 +78,8 @@ LAYERS = ("bwrap", "unshare", "none")
 NOBODY = "65534"
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+CAPABILITY_VERSION_3 = 0x20080522
 MIB = 1 << 20
 PROBE_TIMEOUT_S = 5.0
 ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -312,14 +314,26 @@ def _rlimits(limits: Limits) -> list[tuple[int, int]]:
     return out
 
 
-def _preexec(limits: Limits):
-    """The child's last steps before exec: rlimits and no_new_privs (nothing that may lock)."""
+def _preexec(limits: Limits, drop_capabilities: bool = False):
+    """The child's last steps before exec: rlimits and no_new_privs (nothing that may lock); with
+    ``drop_capabilities`` (layer none), an empty bounding and inheritable set, so that the
+    program exec'd keeps no capability even as root."""
     rlimits = _rlimits(limits)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    header, data = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
 
     def preexec() -> None:
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
+        if drop_capabilities and os.geteuid() == 0:
+            for cap in range(64):
+                prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last one
+            if libc.capget(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capget failed")
+            data[2] = data[5] = 0  # inheritable
+            if libc.capset(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capset failed")
         if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         # Die with the thread that started us (a killed envforge leaves no sandbox behind);
@@ -532,7 +546,8 @@ class ProcessBackend(Backend):
             proc = subprocess.Popen(argv + (["--shm", ",".join(map(str, fds))] if fds else []),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                     cwd="/", env=_env(hash_seed), bufsize=0, pass_fds=fds,
-                                    start_new_session=True, preexec_fn=_preexec(limits))
+                                    start_new_session=True,
+                                    preexec_fn=_preexec(limits, drop_capabilities=layer == "none"))
         except (OSError, subprocess.SubprocessError) as e:
             err.close()
             for fd in fds + bells:

@@ -328,3 +328,26 @@ while time.monotonic() < end:
     finally:
         sb.kill()
     assert docker_containers() == []
+
+
+# --------------------------------------------------------------------------- doctor
+
+def test_doctor_shows_what_holds_each_layer():
+    """`envforge sandbox doctor --json`: for each backend that works, what a probe inside one of
+    its sandboxes saw; on every layer here, no capability, no thread or process, TIOCSTI,
+    F_SETOWN and io_uring refused; root only on layer none (whose capabilities are dropped)."""
+    import json
+    from click.testing import CliRunner
+    from envforge.cli import main
+    result = CliRunner().invoke(main, ["sandbox", "doctor", "--json"])
+    rows = {r["backend"]: r for r in json.loads(result.output)["backends"]}
+    working = [name for name, r in rows.items() if r["ok"] and name not in (
+        "process/seccomp", "process/channel")]
+    assert working, rows
+    for name in working:
+        facts = rows[name]["containment"]["facts"]
+        assert facts is not None, rows[name]["containment"]
+        for key in ("capabilities", "threads", "processes", "tiocsti", "setown", "io_uring"):
+            assert facts[key] is True, (name, key)
+        assert facts["uid"] != 0 or name == "process/none", name
+        assert "inside" not in rows[name]["detail"]

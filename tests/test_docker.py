@@ -380,14 +380,20 @@ def test_strays_are_listed_and_removed_by_doctor_clean(image):
     """`envforge sandbox doctor --clean` removes containers whose owner is gone, and says so."""
     from click.testing import CliRunner
     from envforge.cli import main
+    from sandbox.docker import client
     proc = host("doctor-clean", spin=True, then="time.sleep(60)")
     [stray] = containers(case="doctor-clean")
     proc.kill()
     proc.wait(timeout=10)
-    result = CliRunner().invoke(main, ["sandbox", "doctor", "--clean"])
-    assert result.exit_code == 0, result.output
-    assert stray["Id"][:12] in result.output and "owner is gone" in result.output
-    assert containers(case="doctor-clean") == []
+    try:
+        result = CliRunner().invoke(main, ["sandbox", "doctor", "--clean"])
+        assert result.exit_code == 0, result.output
+        assert f"removed stray container {stray['Id'][:12]} (" in result.output
+        assert "its owner is gone" in result.output
+        assert containers(case="doctor-clean") == []
+    finally:
+        for c in containers(case="doctor-clean"):
+            client().api.remove_container(c["Id"], force=True)
 
 
 # --------------------------------------------------------------------------- the gate on Docker
