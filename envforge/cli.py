@@ -232,14 +232,15 @@ def _clean_strays() -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- identify
-# (capability identification: see envforge/identify.py)
+# (capability identification: see envforge/identify)
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
               default="auto", show_default=True, help="Trajectory file format (auto: by content).")
-@click.option("--labeler", type=click.Choice(["structural", "llm"]), default="structural",
-              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model.")
+@click.option("--labeler", type=click.Choice(["structural", "llm", "hybrid"]), default="structural",
+              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model "
+              "discovers and labels; hybrid: the rules' labels and evidence, confirmed by the model.")
 @click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
               "Default: read/write from tool names.")
 @click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
@@ -247,65 +248,67 @@ def _clean_strays() -> list[dict]:
               "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
 @click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
 @click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
+@click.option("--min-group", type=int, help="Fewer successes or failures than this: retain "
+              "nothing and warn (default 5).")
 @click.option("--success-threshold", type=float, default=1.0, show_default=True,
               help="A trajectory succeeds when its reward is at least this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
 @click.option("--out", "-o", default="capabilities.json", show_default=True,
               help="Where to write the result (what 'envforge synth --from' reads).")
+@click.option("--labels-out", help="Also write one JSON line per trajectory: its labels and the "
+              "evidence for each (turn, why), in input order.")
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--model", help="LLM labeller: the model the endpoint serves "
+@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
               "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
 @click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
 @click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
 @click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
 @click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
-def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_threshold, seed,
-             out, plot_path, no_plot, as_json, model, concurrency, rate_limit, cache_dir, no_cache):
+def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group, success_threshold,
+             seed, out, labels_out, plot_path, no_plot, as_json, model, concurrency, rate_limit,
+             cache_dir, no_cache):
     """Find the capabilities an agent lacks by contrasting its successes and failures.
 
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
     files, or folders of them. Writes capabilities.json and a plot; prints a table.
     """
-    from pathlib import Path
-
     from envforge import identify as ident
-    from envforge.errors import InputError
+    from envforge.identify import report
     from envforge.trajectories import load_trajectories
 
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho,
+    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
              "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
     config = ident.IdentifyConfig(
-        labeler=labeler, success_threshold=success_threshold, seed=seed, model=model,
+        labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
         cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
         **{k: v for k, v in given.items() if v is not None})
-    if labeler == "llm" and not model:
-        raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
-    meta = None
-    if target:
-        meta = _target(target).meta
+    if labeler != "structural" and not model:
+        raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
+    tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
-    report = ident.identify(trajectories, config, meta=meta)
-    try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{out}: cannot write the result ({e.strerror})") from None
+    result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
+                            policy=tgt.policy if tgt else None)
+    result.write(out)
+    if labels_out:
+        result.write_labels(labels_out)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = ident.plot(report, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
     if as_json:
-        emit_json(report)
+        emit_json(result.to_dict())
         return
     con = console()
-    con.print(ident.table(report))
-    kept = [c["name"] for c in report["capabilities"] if c["retained"]]
-    con.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
-                  + (f" and {drawn}" if drawn else ""), highlight=False)
+    con.print(report.table(result))
+    con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
+              + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
+              highlight=False)
 
 
 # ----------------------------------------------------------------------------- synth

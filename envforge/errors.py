@@ -14,6 +14,20 @@ class UsageError(EnvforgeError):
     exit_code = 2
 
 
+class ConfigError(UsageError, ValueError):
+    """A setting of a config dataclass is out of its bounds (exit 2). ``owner`` is the class,
+    ``field`` the setting, ``problem`` what is wrong with its value; the CLI rewords the message
+    with the flag that sets the field. Also a ``ValueError``, for callers of the Python API."""
+
+    def __init__(self, owner: str, field: str, problem: str):
+        super().__init__(f"{owner}.{field} {problem}")
+        self.owner, self.field, self.problem = owner, field, problem
+
+
+class ActionError(UsageError, ValueError):
+    """An action given to ``env.step`` is not an assistant message (outside the action space)."""
+
+
 class InputError(EnvforgeError):
     """A file the user gave could not be read or has the wrong shape (exit 1)."""
 

@@ -92,14 +92,30 @@ def test_an_accepted_env_is_never_overwritten_silently(out):
     assert json.loads((out / SLUG / "manifest.json").read_text())["capability"] == "verifying preconditions"
 
 
-def test_a_hand_written_or_edited_env_is_kept(out):
-    shutil.copytree(REPO / "generated_envs" / SLUG, out / SLUG)   # envforge's own example env
+def shipped_env(out, audited: bool) -> None:
+    """envforge's own example env, copied file by file (never what a user's earlier commands
+    left in the checkout's folder: ``envforge audit generated_envs/*`` writes a report.json there),
+    with the report of ``envforge audit`` run on the copy when ``audited``."""
+    (out / SLUG).mkdir(parents=True)
+    for name in ("env.py", "manifest.json"):
+        shutil.copyfile(REPO / "generated_envs" / SLUG / name, out / SLUG / name)
+    if audited:
+        assert invoke("audit", str(out / SLUG), *FAST).exit_code == 0
+
+
+@pytest.mark.parametrize("audited, what", [
+    (False, "an env.py whose verdict is unknown (no report, or edited since)"),
+    (True, "an accepted env")])       # README's order: `envforge audit generated_envs/*`, then synth
+def test_a_hand_written_or_edited_env_is_kept(out, audited, what):
+    shipped_env(out, audited)
     r = invoke("synth", "-c", "precondition verification", "-t", "example", "--out", str(out), "--json")
     assert r.exit_code == 1
     assert json.loads(r.output)["error"] == (
-        f"{out / SLUG} already holds an env.py whose verdict is unknown (no report, or edited since) "
-        "for 'precondition verification'; pass --force to overwrite it, or --out to write elsewhere")
+        f"{out / SLUG} already holds {what} for 'precondition verification'; pass --force to "
+        "overwrite it, or --out to write elsewhere")
     assert (out / SLUG / "env.py").read_text() == (REPO / "generated_envs" / SLUG / "env.py").read_text()
+    if audited:
+        return
     other = out / "helpdesk_confirmation_before_write"
     assert invoke("synth", "-c", "confirmation before write", "-t", "example", "--out", str(out),
                   *FAST).exit_code == 0

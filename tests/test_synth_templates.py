@@ -1,9 +1,13 @@
-"""The template synthesizer (envforge/synth/templates.py, classify.py, families.py, envsrc/):
-tool classification, value recipes, family matching, and the matrix: every family on every target
-in ../shared/targets and on envforge's own example target passes the full gate."""
+"""The template synthesizer (envforge/synth/templates.py, classify.py, runtime.py, families/):
+tool classification, value recipes, the family registry and matching, and the matrix: every
+family on every target in ../shared/targets and on envforge's own example target passes the
+full gate (where the target has the tools the family needs)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -14,10 +18,11 @@ from envforge.gate import audit
 from envforge.gate.dynamic import GateSettings
 from envforge.gate.static import audit_static
 from envforge.synth.classify import Catalog, Unsupported, id_pattern, recipe
-from envforge.synth.families import FAMILIES, match_family
+from envforge.synth import families as registry
+from envforge.synth.families import ENV_PY, FAMILIES, discover, match_family
 from envforge.synth.templates import plan, synthesize_template
 from envforge.targets import Target, load_target
-from tests.conftest import TARGETS, needs_shared
+from tests.conftest import REPO, TARGETS, needs_shared
 
 SHARED_TARGETS = {"retail": "tau2/retail", "airline": "tau2/airline", "telecom": "tau2/telecom",
                   "mock": "tau2/mock", "toolsandbox": "toolsandbox"}
@@ -149,6 +154,55 @@ def test_information_gathering_needs_a_way_to_find_a_record():
 
 
 # ============================================================================= families
+
+
+def test_every_family_module_imports_on_its_own():
+    """Each in a fresh process: its planning part and its env class, on the runtime's names."""
+    for f in FAMILIES:
+        code = (f"import envforge.synth.families.{f.slug} as m; "
+                "assert m.FAMILY.slug == m.__name__.rsplit('.', 1)[1]; assert isinstance(m.Env, type)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        text = (REPO / "envforge" / "synth" / "families" / f"{f.slug}.py").read_text()
+        assert text.count("\n" + ENV_PY) == 1 and "\nclass Env(BaseEnv):" in "\n" + f.source
+        assert "envforge" not in f.source       # the part that goes into env.py stands alone
+
+
+def test_adding_a_family_is_adding_one_file(tmp_path, monkeypatch):
+    """A module dropped into the families folder is registered, matched and rendered into an
+    env that the gate accepts; nothing else changes."""
+    text = (REPO / "envforge" / "synth" / "families" / "argument_precision.py").read_text()
+    text = (text.replace('slug="argument_precision"', 'slug="exact_values"')
+            .replace('name="tool-call argument precision"', 'name="exact values"')
+            .replace("rank=30", "rank=5"))
+    (tmp_path / "exact_values.py").write_text(text)
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    try:
+        found = discover()
+        assert [f.slug for f in found][:1] == ["exact_values"] and len(found) == len(FAMILIES) + 1
+        family = match_family("exact values", families=found)
+        src, summary = synthesize_template("exact values", family, load_target("example"))
+        assert summary["family"] == "exact_values" and "Family: exact values" in src
+        (tmp_path / "env").mkdir()
+        (tmp_path / "env" / "env.py").write_text(src)
+        report = audit(tmp_path / "env", target=load_target("example"), settings=GateSettings(seeds=8),
+                       write_report=False)
+        assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+    finally:
+        sys.modules.pop("envforge.synth.families.exact_values", None)
+
+
+def test_a_family_module_must_be_named_after_its_slug(tmp_path, monkeypatch):
+    text = (REPO / "envforge" / "synth" / "families" / "argument_precision.py").read_text()
+    (tmp_path / "precise.py").write_text(text)
+    monkeypatch.setattr(registry, "__path__", [str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match="FAMILY.slug is 'argument_precision'; it must be the "
+                                             "module's name, 'precise'"):
+            discover()
+    finally:
+        sys.modules.pop("envforge.synth.families.precise", None)
+
 
 
 @pytest.mark.parametrize("text, slug", [
@@ -320,3 +374,69 @@ def test_full_gate_on_a_few(tmp_path, name, family):
     report = audit(tmp_path, target=t, write_report=False)
     assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
     assert report.stats["solved"] == "50/50"
+
+
+# ============================================================================= the people in a scenario
+
+PERSON = r"([A-Z][a-z]+ [A-Z][a-z]+)"
+
+
+def _pairs():
+    for name in MATRIX_TARGETS:
+        for f in FAMILIES:
+            yield name, f.slug
+
+
+@pytest.mark.parametrize("name, family", list(_pairs()))
+def test_the_person_in_the_users_words_is_the_one_the_tools_return(name, family):
+    """Over many seeds: the name and identity details the user gives are those of the record the
+    tools return for them (a lookup's id, the owner's record), an id made of a person's name is
+    that person's, and a request made for someone else names the owner of the record."""
+    t = target(name)
+    try:
+        src, _ = synthesize_template(family, family, t)
+    except Unsupported:
+        pytest.skip(f"{family} needs tools {name} lacks")
+    ns: dict = {}
+    exec(compile(src, "env.py", "exec"), ns)  # noqa: S102 - our own template output
+    owner, roles = ns["PLAN"]["owner"], ns["ROLES"]
+    if owner is None:
+        pytest.skip(f"{name}: the records {family} uses have no owner")
+    named_ids = any(isinstance(part, list) and part[0] in ("f", "l")
+                    for pattern in owner["id"]["patterns"] for part in pattern)
+    lookups = {n for n, r in roles.items() if r["kind"] == "lookup"}
+    for seed in range(40):
+        env = ns["Env"]()
+        obs, _ = env.reset(seed)
+        w = env._w
+        opening = obs["messages"][1]["content"]
+        for oid, rec in w["owners"].items():
+            first, last = rec["name"].split(" ")
+            if named_ids:
+                assert first.lower() in oid and last.lower() in oid, (seed, oid, rec["name"])
+            for param, field in owner["identity"].items():
+                if field in ("first_name", "last_name"):
+                    assert rec[param] == {"first_name": first, "last_name": last}[field]
+                if field == "email":
+                    assert rec[param].startswith(f"{first}.{last}".lower()), (seed, rec)
+        said = re.search(r"I'm " + PERSON, opening)
+        if said:
+            assert said.group(1) == w["owners"][w["caller"]]["name"], (seed, opening)
+            for param, field in owner["identity"].items():
+                value = w["owners"][w["caller"]][param]
+                assert str(value) in opening, (seed, param, opening)
+        other = re.search(r"for my \w+ " + PERSON + r", who asked me to handle this for them: "
+                          r"their \S+ (\S+)\.", opening)
+        if other:
+            key = other.group(2)
+            assert w["owners"][w["entities"][key][owner["param"]]]["name"] == other.group(1), (seed, opening)
+        # the reference's lookups return the caller, who is the person the user said they are
+        for action in env.solve(seed):
+            o, *_ = env.step(action)
+            for call, msg in zip(action.get("tool_calls") or [], o["messages"]):
+                if call["function"]["name"] in lookups:
+                    found = msg["content"] if not msg["content"].startswith("{") else \
+                        json.loads(msg["content"])[owner["param"]]
+                    assert found == w["caller"], (seed, msg)
+                    if said:
+                        assert w["owners"][found]["name"] == said.group(1)

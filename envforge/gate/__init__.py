@@ -23,7 +23,8 @@ from typing import Callable
 
 from envforge.contract import CHECKS, Report, warning
 from envforge.errors import InputError, UsageError
-from envforge.gate.dynamic import GateSettings, run_dynamic
+from envforge.gate.config import GateSettings
+from envforge.gate.dynamic import run_dynamic
 from envforge.gate.schema import check_schema
 from envforge.gate.static import audit_static
 from envforge.targets import Target, load_target

@@ -24,35 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limits, assistant,
+from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, assistant,
                                canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
+from envforge.gate.config import GateSettings
 from envforge.gate.schema import call_problem
 from envforge.gate.static import PARSE_LOCK
-
-
-@dataclass
-class GateSettings:
-    """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
-    issue's budget (at least 50 seeds per property, a full gate in seconds)."""
-    seeds: int = field(default=50, metadata={"help": "seeds per property (probes, diversity)"})
-    robustness_examples: int = field(default=50, metadata={"help": "hypothesis state-machine runs"})
-    replay_random: int = field(default=10, metadata={"help": "random episodes replayed for determinism"})
-    solvable_min: float = field(default=0.95, metadata={"help": "share of seeds solve() must score 1.0 on"})
-    diversity_min: float = field(default=0.9, metadata={"help": "share of seeds that must give distinct scenarios"})
-    free_reward_max: float = field(default=0.3, metadata={"help": "highest mean score allowed to do-nothing/random"})
-    partial_credit_values: int = field(default=3, metadata={"help": "distinct episode scores probes must reach"})
-    hash_seeds: tuple[int, int] = (1, 2)
-    max_sandbox_failures: int = field(default=3, metadata={"help": "sandbox deaths before the stage gives up"})
-    budget_s: float = field(default=120.0, metadata={"help": "wall-clock seconds for the whole dynamic "
-                                                      "stage; a slow env is a finding, not an endless audit"})
-    limits: Limits = field(default_factory=Limits)
-
-    def __post_init__(self) -> None:
-        if self.seeds < 2:
-            raise ValueError("seeds must be at least 2 (diversity compares seeds); the default is 50")
-        if not 0 < self.solvable_min <= 1 or not 0 < self.diversity_min <= 1:
-            raise ValueError("solvable_min and diversity_min are shares in (0, 1]")
 
 
 TALK = ("Hello! How can I help you today?", "Could you tell me a bit more about that?",
