@@ -264,8 +264,12 @@ def sandbox_build(base):
 
 @sandbox_group.command("doctor")
 @json_option
-def sandbox_doctor(as_json):
-    """Say which sandbox backends work on this machine, and why not (with the fix).
+@click.option("--clean", is_flag=True, help="Also remove stray Docker sandbox containers (their "
+              "owner is gone, or they stopped over a minute ago), listing each.")
+def sandbox_doctor(as_json, clean):
+    """Say which sandbox backends work on this machine, and why not (with the fix); for each
+    that works, what holds env code in it, seen from inside a sandbox (uid, capabilities,
+    seccomp, threads and processes, TIOCSTI, F_SETOWN, io_uring, CPU).
 
     Exit 0 when at least one backend works, 1 when none does.
     """
@@ -274,18 +278,40 @@ def sandbox_doctor(as_json):
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
+    strays = _clean_strays() if clean else None
     if as_json:
-        emit_json({"backends": rows})
+        emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:
         table = Table()
         table.add_column("backend", style="bold", no_wrap=True)
         table.add_column("works", no_wrap=True)
         table.add_column("how it isolates, or why not and the fix", overflow="fold")
         for r in rows:
+            inside = r.get("containment")
             table.add_row(r["backend"], "[green]yes[/green]" if r["ok"] else "[red]no[/red]",
-                          r["detail"])
+                          r["detail"] + (f"\n[bold]inside:[/bold] {inside['words']}"
+                                         if inside else ""))
         console().print(table)
+        if clean:
+            for stray in strays:
+                click.echo(f"{'removed' if stray['removed'] else 'could not remove'} stray "
+                           f"container {stray['id'][:12]} ({stray['state']}, {stray['why']}; "
+                           f"owner {stray['owner'] or 'unknown'})")
+            if not strays:
+                click.echo("no stray sandbox containers")
     sys.exit(0 if usable else 1)
+
+
+def _clean_strays() -> list[dict]:
+    """Remove the Docker engine's stray sandbox containers; what was found (none without an
+    engine: said on stderr)."""
+    from envforge.errors import SandboxUnavailable
+    from sandbox.docker import DockerBackend
+    try:
+        return DockerBackend().clean()
+    except SandboxUnavailable as e:
+        click.echo(f"no Docker engine to clean: {e}", err=True)
+        return []
 
 
 # ----------------------------------------------------------------------------- identify
