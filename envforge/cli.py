@@ -171,6 +171,7 @@ def _target(spec: str):
 @option(Limits, "call_timeout_s", "--call-timeout")
 @option(Limits, "memory_mb", "--memory-mb")
 @option(GateSettings, "budget_s", "--budget")
+@option(GateSettings, "probe_seed")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
 @json_option
 def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
@@ -286,8 +287,12 @@ def sandbox_build(base):
 
 @sandbox_group.command("doctor")
 @json_option
-def sandbox_doctor(as_json):
-    """Say which sandbox backends work on this machine, and why not (with the fix).
+@click.option("--clean", is_flag=True, help="Also remove stray Docker sandbox containers (their "
+              "owner is gone, or they stopped over a minute ago), listing each.")
+def sandbox_doctor(as_json, clean):
+    """Say which sandbox backends work on this machine, and why not (with the fix); for each
+    that works, what holds env code in it, seen from inside a sandbox (uid, capabilities,
+    seccomp, threads and processes, TIOCSTI, F_SETOWN, io_uring, CPU).
 
     Exit 0 when at least one backend works, 1 when none does.
     """
@@ -296,29 +301,52 @@ def sandbox_doctor(as_json):
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
+    strays = _clean_strays() if clean else None
     if as_json:
-        emit_json({"backends": rows})
+        emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:
         table = Table()
         table.add_column("backend", style="bold", no_wrap=True)
         table.add_column("works", no_wrap=True)
         table.add_column("how it isolates, or why not and the fix", overflow="fold")
         for r in rows:
+            inside = r.get("containment")
             table.add_row(r["backend"], "[green]yes[/green]" if r["ok"] else "[red]no[/red]",
-                          r["detail"])
+                          r["detail"] + (f"\n[bold]inside:[/bold] {inside['words']}"
+                                         if inside else ""))
         console().print(table)
+        if clean:
+            for stray in strays:
+                click.echo(f"{'removed' if stray['removed'] else 'could not remove'} stray "
+                           f"container {stray['id'][:12]} ({stray['state']}, {stray['why']}; "
+                           f"owner {stray['owner'] or 'unknown'})")
+            if not strays:
+                click.echo("no stray sandbox containers")
     sys.exit(0 if usable else 1)
 
 
+def _clean_strays() -> list[dict]:
+    """Remove the Docker engine's stray sandbox containers; what was found (none without an
+    engine: said on stderr)."""
+    from envforge.errors import SandboxUnavailable
+    from sandbox.docker import DockerBackend
+    try:
+        return DockerBackend().clean()
+    except SandboxUnavailable as e:
+        click.echo(f"no Docker engine to clean: {e}", err=True)
+        return []
+
+
 # ----------------------------------------------------------------------------- identify
-# (capability identification: see envforge/identify.py)
+# (capability identification: see envforge/identify)
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
               default="auto", show_default=True, help="Trajectory file format (auto: by content).")
-@click.option("--labeler", type=click.Choice(["structural", "llm"]), default="structural",
-              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model.")
+@click.option("--labeler", type=click.Choice(["structural", "llm", "hybrid"]), default="structural",
+              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model "
+              "discovers and labels; hybrid: the rules' labels and evidence, confirmed by the model.")
 @click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
               "Default: read/write from tool names.")
 @click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
@@ -326,59 +354,65 @@ def sandbox_doctor(as_json):
               "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
 @click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
 @click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
+@click.option("--min-group", type=int, help="Fewer successes or failures than this: retain "
+              "nothing and warn (default 5).")
 @click.option("--success-threshold", type=float, default=1.0, show_default=True,
               help="A trajectory succeeds when its reward is at least this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
 @click.option("--out", "-o", default="capabilities.json", show_default=True,
               help="Where to write the result (what 'envforge synth --from' reads).")
+@click.option("--labels-out", help="Also write one JSON line per trajectory: its labels and the "
+              "evidence for each (turn, why), in input order.")
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
 @json_option
-@click.option("--model", help="LLM labeller: the model the endpoint serves "
+@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
               "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
 @click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
 @click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
 @click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
 @click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
-def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_threshold, seed,
-             out, plot_path, no_plot, as_json, model, concurrency, rate_limit, cache_dir, no_cache):
+def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group, success_threshold,
+             seed, out, labels_out, plot_path, no_plot, as_json, model, concurrency, rate_limit,
+             cache_dir, no_cache):
     """Find the capabilities an agent lacks by contrasting its successes and failures.
 
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
     files, or folders of them. Writes capabilities.json and a plot; prints a table.
     """
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho,
+    from envforge.identify import report
+
+    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
              "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
     config = ident.IdentifyConfig(
-        labeler=labeler, success_threshold=success_threshold, seed=seed, model=model,
+        labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
         cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
         **{k: v for k, v in given.items() if v is not None})
-    if labeler == "llm" and not model:
-        raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
-    meta = None
-    if target:
-        meta = _target(target).meta
+    if labeler != "structural" and not model:
+        raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
+    tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
-    report = ident.identify(trajectories, config, meta=meta)
-    try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{out}: cannot write the result ({e.strerror})") from None
+    result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
+                            policy=tgt.policy if tgt else None)
+    result.write(out)
+    if labels_out:
+        result.write_labels(labels_out)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = ident.plot(report, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
     if as_json:
-        emit_json(report)
+        emit_json(result.to_dict())
         return
     con = console()
-    con.print(ident.table(report))
-    kept = [c["name"] for c in report["capabilities"] if c["retained"]]
-    con.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
-                  + (f" and {drawn}" if drawn else ""), highlight=False)
+    con.print(report.table(result))
+    con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
+              + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
+              highlight=False)
 
 
 # ----------------------------------------------------------------------------- synth

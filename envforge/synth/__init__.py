@@ -10,7 +10,8 @@ Two synthesizers:
   rejected attempt's findings go back as a repair request, at most ``attempts`` times (default 5,
   the paper's regeneration budget).
 - ``template`` (the embedded default, offline): ``templates.py`` writes an env for the nearest of
-  six capability families on any target whose tools it can classify.
+  the capability families (``families/``, one module each) on any target whose tools it can
+  classify.
 
 ``auto`` picks ``openai`` when an endpoint (``OPENAI_BASE_URL`` or ``OPENAI_API_KEY``) and a model
 are configured, else ``template``.
@@ -432,9 +433,10 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
     first: dict[str, int] = {}
     for i, spec in enumerate(specs):
         try:
-            fam = match_family(spec.name, spec.description) if kind == "template" else None
-        except UsageError:
-            continue  # reported by its own run
+            fam = match_family(spec.name, spec.description, listing=False) if kind == "template" else None
+        except UsageError as e:  # a capability the template families do not cover
+            results[i] = SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
+            continue
         slug = slug_for(spec.name, tgt, fam)
         if slug in first:
             results[i] = SynthResult(spec.name, slug, str(Path(config.out_dir) / slug), "error",
