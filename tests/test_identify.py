@@ -594,7 +594,7 @@ def test_one_sided_input_retains_nothing_and_says_why(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     r = CliRunner().invoke(main, ["identify", str(empty)])
-    assert r.exit_code == 1 and r.output.startswith("error: no trajectories:")
+    assert r.exit_code == 2 and r.output.startswith("error: no trajectories:")
 
 
 def test_the_plot_says_why_a_point_in_the_keep_region_is_grey(tmp_path):
