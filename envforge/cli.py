@@ -28,16 +28,17 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, InputError, UsageError
+from envforge.errors import ConfigError, EnvforgeError, InputError, SandboxUnavailable, UsageError
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
+from envforge.identify import report as identify_report
 from envforge.progress import Step
 from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
-from sandbox.docker import build_image
+from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -328,8 +329,6 @@ def sandbox_doctor(as_json, clean):
 def _clean_strays() -> list[dict]:
     """Remove the Docker engine's stray sandbox containers; what was found (none without an
     engine: said on stderr)."""
-    from envforge.errors import SandboxUnavailable
-    from sandbox.docker import DockerBackend
     try:
         return DockerBackend().clean()
     except SandboxUnavailable as e:
@@ -380,8 +379,6 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
     files, or folders of them. Writes capabilities.json and a plot; prints a table.
     """
-    from envforge.identify import report
-
     given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
              "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
     config = ident.IdentifyConfig(
@@ -401,7 +398,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = identify_report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -409,7 +406,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
         emit_json(result.to_dict())
         return
     con = console()
-    con.print(report.table(result))
+    con.print(identify_report.table(result))
     con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
               + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
               highlight=False)

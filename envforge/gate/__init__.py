@@ -28,6 +28,7 @@ from envforge.gate.schema import check_schema
 from envforge.gate.static import audit_static
 from envforge.progress import Progress, reporter
 from envforge.targets import Target, load_target
+from sandbox.base import get_backend
 
 UNPARSABLE = {"input", "static.syntax", "static.size"}
 
@@ -110,8 +111,6 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
     report.stages["schema"] = time.perf_counter() - t0
 
     if parsable and not static_only:
-        from sandbox.base import get_backend
-
         t0 = time.perf_counter()
         findings, stats = run_dynamic(static.text, get_backend(backend), settings, progress=say)
         dyn_tools = stats.pop("tools", None)

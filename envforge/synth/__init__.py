@@ -39,12 +39,17 @@ from typing import Any, Callable, Sequence
 from envforge import __version__
 from envforge.contract import Finding, Report, findings_from
 from envforge.errors import EnvforgeError, InputError, UsageError
-from envforge.llm import atomic_write, request_key, run_concurrently
+from envforge.gate import audit as gate_audit
+from envforge.gate.config import GateSettings
+from envforge.llm import LLMClient, atomic_write, request_key, run_concurrently
 from envforge.progress import Progress, Step, reporter
 from envforge.synth.classify import Unsupported
 from envforge.synth.config import SYNTHESIZERS, SynthConfig  # noqa: F401 (part of the API)
 from envforge.synth.families import FAMILIES, Family, family_list, match_family
+from envforge.synth.llm import extract_code, prompt_messages, repair_message
+from envforge.synth.templates import synthesize_template
 from envforge.targets import EXAMPLES, Target, load_target
+from envforge.trajectories import render
 
 __all__ = ["SynthConfig", "CapabilitySpec", "SynthResult", "synthesize", "synthesize_batch",
            "load_capabilities", "resolve_synthesizer", "FAMILIES", "match_family", "family_list",
@@ -174,7 +179,6 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
             continue
         examples = [e for e in c.get("example_trajectories") or [] if isinstance(e, str)]
         if not examples and by_task:
-            from envforge.trajectories import render
             for task in c.get("examples") or []:
                 for t in by_task.get(str(task), [])[:1]:
                     examples.append(render(t))
@@ -290,15 +294,13 @@ class _Run:
         _write_json(self.folder / "manifest.json", m)
 
     def audit(self, code: str) -> Report:
-        from envforge.gate import audit
-        from envforge.gate.dynamic import GateSettings
         atomic_write(self.folder / "env.py", code)
         self.manifest["code_sha256"] = sha256(code)
         self.save(None)  # an interruption from here on leaves a folder marked unfinished
         self.say("gate: waiting for the gate")
-        return audit(self.folder, target=self.target, backend=self.config.backend,
-                     settings=GateSettings(seeds=self.config.seeds), write_report=True,
-                     progress=lambda step: self.say(f"gate: {step.text}"))
+        return gate_audit(self.folder, target=self.target, backend=self.config.backend,
+                          settings=GateSettings(seeds=self.config.seeds), write_report=True,
+                          progress=lambda step: self.say(f"gate: {step.text}"))
 
 
 def target_label(target: str | Path | Target) -> str:
@@ -356,8 +358,12 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
         return run.result("error", str(e))
 
 
+def llm_client(config: SynthConfig) -> LLMClient:
+    return LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
+                     timeout_s=config.timeout_s, max_retries=config.max_retries)
+
+
 def _template(run: _Run) -> SynthResult:
-    from envforge.synth.templates import synthesize_template
     try:
         code, summary = synthesize_template(run.spec.name, run.family, run.target)
     except Unsupported as e:
@@ -371,11 +377,7 @@ def _template(run: _Run) -> SynthResult:
 
 
 def _llm(run: _Run, client: Any) -> SynthResult:
-    from envforge.synth.llm import extract_code, prompt_messages, repair_message
-    if client is None:
-        from envforge.llm import LLMClient
-        client = LLMClient(run.config.model or "", cache_dir=run.config.cache_dir, cache=run.config.cache,
-                           timeout_s=run.config.timeout_s, max_retries=run.config.max_retries)
+    client = client or llm_client(run.config)
     run.manifest["model"] = client.model
     first = prompt_messages(run.spec.name, run.spec.description, run.target, run.spec.examples)
     run.manifest["prompt_sha256"] = request_key(first)
@@ -425,9 +427,7 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
     if kind == "openai" and client is None:
-        from envforge.llm import LLMClient
-        client = LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
-                           timeout_s=config.timeout_s, max_retries=config.max_retries)
+        client = llm_client(config)
     label = target_label(target)
     results: list[SynthResult | None] = [None] * len(specs)
     first: dict[str, int] = {}
