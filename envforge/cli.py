@@ -28,7 +28,7 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, InputError, SandboxUnavailable, UsageError
+from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
 from envforge.identify import report as identify_report
