@@ -408,6 +408,9 @@ def test_confirmation_before_write():
     # a policy that never asks for confirmation: not exercised
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "1. Each task must have a title") == NA
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "obtain explicit user confirmation") == LACKING
+    own = traj(user("Yes, cancel R1"), *cancel)                         # the file's own policy
+    own.metadata["policy"] = "1. Each task must have a title"
+    assert label(own, name) == NA
     # a policy that asks to confirm the price (telecom): paid changes only
     telecom = "To refuel data you should: ask how much data they want; Confirm the price; apply it."
     roaming = call("enable_roaming", {"customer_id": "C1", "line_id": "L1"})

@@ -87,7 +87,8 @@ class View:
 
 def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None = None) -> View:
     """The rules' view of ``t``; ``meta``: the target's tool metadata, ``policy``: its policy
-    text (the trajectory's system prompt is added to it)."""
+    text (the policy the trajectory itself records, tau2's, and its system prompt, tau-bench
+    v1's, are added to it)."""
     meta = meta or {}
     start = t.metadata.get("history") or 0
     start = start if isinstance(start, int) and 0 <= start <= len(t.messages) else 0
@@ -117,7 +118,8 @@ def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None 
     if t.expected_actions is not None:
         expected = [e for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
     system = [m.get("content") or "" for m in t.messages if m.get("role") == "system"]
-    text = "\n".join([policy or ""] + system).lower()
+    own = t.metadata.get("policy") if isinstance(t.metadata.get("policy"), str) else ""
+    text = "\n".join([policy or "", own] + system).lower()
     return View(t, [c for c in calls if c.index >= start], expected, calls, meta, start, text)
 
 
