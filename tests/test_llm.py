@@ -314,6 +314,7 @@ def test_evidence_must_be_quoted_from_the_turn_it_names(server, tmp_path):
     prompt = f0[0]["messages"][1]["content"]
     assert "[0] USER: please cancel R-f0" in prompt and "[3] AGENT: Done." in prompt
     assert "rubric: LACKING: the agent changed an entity" in prompt
+    assert "The agent's policy" not in prompt                      # none known for these
     good = next(r for r in result.label_rows() if r["task_id"] == "f1")
     assert good["evidence"]["precondition verification"] == {"turn": 0, "why": 'llm: "please cancel"'}
 
@@ -336,12 +337,13 @@ def test_hybrid_shows_the_rules_evidence_and_the_model_confirms_or_corrects(serv
         return json.dumps({"labels": labels})
     server.responder = responder
     result = identify(trajectories(), llm_config(tmp_path, labeller="hybrid", max_repairs=0),
-                      client=make_client(server, tmp_path))
+                      client=make_client(server, tmp_path), policy="Always confirm before writes.")
     assert result.labeller == "hybrid" and [c["name"] for c in result.capabilities] != []
     assert {c["name"] for c in result.capabilities} == set(names)
     kinds = [kind(b) for b in server.requests]
     assert kinds == ["labelling"] * 6                                     # no discovery
     prompt = next(b for b in server.requests if task_of(b) == "f0")["messages"][1]["content"]
+    assert prompt.startswith("Capabilities:") and "The agent's policy:\nAlways confirm before writes." in prompt
     # the rule's evidence is shown: the cancel had no read of R-f0 before it
     assert "- precondition verification: LACKING (turn 1): cancel_reservation on R-f0 with no earlier read" in prompt
     row = next(r for r in result.label_rows() if r["task_id"] == "f0")

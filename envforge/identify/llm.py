@@ -179,6 +179,18 @@ def _prepare(obj: Any, names: Sequence[str], t: Trajectory, last: dict) -> Any:
     return {"labels": labels}
 
 
+POLICY_CHARS = 8000  # of the policy shown to the labeller
+
+
+def policy_text(t: Trajectory, given: str = "") -> str:
+    """The policy the agent followed: the one given (the target's), else the one the file
+    records (tau2), else the system prompt (tau-bench v1); cut to :data:`POLICY_CHARS`."""
+    own = t.metadata.get("policy") if isinstance(t.metadata.get("policy"), str) else ""
+    system = next((m.get("content") or "" for m in t.messages if m.get("role") == "system"), "")
+    text = (given or own or system).strip()
+    return text if len(text) <= POLICY_CHARS else text[:POLICY_CHARS] + " [...]"
+
+
 def _capability_key(name: str) -> frozenset:
     """Words of a name, cut to 5 letters (verifying/verification -> verif), minus filler."""
     filler = {"a", "an", "the", "of", "to", "and", "for", "in", "on", "with", "or"}
@@ -215,8 +227,8 @@ def _listing(caps: Sequence[Capability]) -> str:
 class LLMLabeller:
     """Discovery and labelling against an :class:`envforge.llm.LLMClient`."""
 
-    def __init__(self, client: Any, config: IdentifyConfig):
-        self.client, self.config = client, config
+    def __init__(self, client: Any, config: IdentifyConfig, policy: str | None = None):
+        self.client, self.config, self.policy = client, config, policy or ""
         self.invalid_replies = 0     # replies still failing the schema or the evidence check
         self.discovery_calls = 0     # discovery requests made (cached or not)
         self._lock = threading.Lock()
@@ -273,6 +285,9 @@ class LLMLabeller:
                    proposal: dict[str, Verdict] | None) -> dict[str, Verdict]:
         names = [c.name for c in caps]
         text = f"Trajectory (task {t.task_id}):\n{render(t, numbered=True)}"
+        policy = policy_text(t, self.policy)
+        if policy:
+            text = f"The agent's policy:\n{policy}\n\n{text}"
         if proposal is None:
             system, user = LABELLING_SYSTEM, f"Capabilities:\n{_listing(caps)}\n\n{text}"
         else:
