@@ -633,10 +633,10 @@ def test_cli_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
     r = CliRunner().invoke(main, ["identify", str(bad)])
-    assert r.exit_code == 1 and r.output.startswith(f"error: {bad}: not valid JSON")
+    assert r.exit_code == 2 and r.output.startswith(f"error: {bad}: not valid JSON")
     assert "Traceback" not in r.output
     r = CliRunner().invoke(main, ["identify", str(tmp_path / "none.json")])
-    assert r.exit_code == 1 and "none.json: no such file or directory" in r.output
+    assert r.exit_code == 2 and "none.json: no such file or directory" in r.output
     src = _write_run(tmp_path)
     r = CliRunner().invoke(main, ["identify", str(src), "--runs", "0"])
     assert r.exit_code == 2 and "error: --runs must be at least 1, got 0" in r.output
