@@ -321,21 +321,17 @@ def _clean_strays() -> list[dict]:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
               default="auto", show_default=True, help="Trajectory file format (auto: by content).")
-@click.option("--labeler", type=click.Choice(["structural", "llm", "hybrid"]), default="structural",
-              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model "
-              "discovers and labels; hybrid: the rules' labels and evidence, confirmed by the model.")
-@click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
-              "Default: read/write from tool names.")
-@click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
-@click.option("--min-runs", type=int, help="K: runs a capability must be kept in "
-              "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
-@click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
-@click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
-@click.option("--min-group", type=int, help="Fewer successes or failures than this: retain "
-              "nothing and warn (default 5).")
-@click.option("--success-threshold", type=float, default=1.0, show_default=True,
-              help="A trajectory succeeds when its reward is at least this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
+@option(ident.IdentifyConfig, "labeller", "--labeler")
+@click.option("--target", "-t", help="Target folder: its tool metadata says which tools write, its "
+              "policy what the rules may check (confirmation, time windows). Default: read/write "
+              "from tool names, the policy the trajectories record.")
+@option(ident.IdentifyConfig, "runs")
+@option(ident.IdentifyConfig, "min_runs")
+@option(ident.IdentifyConfig, "delta")
+@option(ident.IdentifyConfig, "rho")
+@option(ident.IdentifyConfig, "min_group")
+@option(ident.IdentifyConfig, "success_threshold")
+@option(ident.IdentifyConfig, "seed")
 @click.option("--out", "-o", default="capabilities.json", show_default=True,
               help="Where to write the result (what 'envforge synth --from' reads).")
 @click.option("--labels-out", help="Also write one JSON line per trajectory: its labels and the "
@@ -343,15 +339,12 @@ def _clean_strays() -> list[dict]:
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
 @json_option
-@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
-              "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
-@click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
-@click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
-@click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
-@click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
-def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group, success_threshold,
-             seed, out, labels_out, plot_path, no_plot, as_json, model, concurrency, rate_limit,
-             cache_dir, no_cache):
+@option(ident.IdentifyConfig, "model")
+@option(ident.IdentifyConfig, "concurrency")
+@option(ident.IdentifyConfig, "rate_limit")
+@option(ident.IdentifyConfig, "cache_dir")
+@option(ident.IdentifyConfig, "cache", "--cache/--no-cache")
+def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, **kwargs):
     """Find the capabilities an agent lacks by contrasting its successes and failures.
 
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
@@ -359,16 +352,12 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
     """
     from envforge.identify import report
 
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
-             "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
-    config = ident.IdentifyConfig(
-        labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
-        cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
-        **{k: v for k, v in given.items() if v is not None})
-    if labeler != "structural" and not model:
-        raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
+    config = settings(ident.IdentifyConfig, kwargs, progress=not as_json and sys.stderr.isatty())
+    if config.labeller != "structural" and not config.model:
+        raise click.UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
+                               "serves)")
     tgt = _target(target) if target else None
-    trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
+    trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
     result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
                             policy=tgt.policy if tgt else None)
     result.write(out)

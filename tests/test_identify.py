@@ -129,14 +129,19 @@ def test_k_defaults_and_checks():
     assert IdentifyConfig(runs=5).k == 4 and IdentifyConfig(runs=3).k == 3
     assert IdentifyConfig(runs=10, min_runs=5).k == 5
     assert (IdentifyConfig().delta, IdentifyConfig().rho) == (0.20, 0.10)
-    with pytest.raises(UsageError, match=r"--min-runs must lie between 1 and --runs \(3\), got 4"):
+    with pytest.raises(UsageError, match=r"IdentifyConfig.min_runs must be from 1 to runs \(3\), got 4"):
         IdentifyConfig(runs=3, min_runs=4)
-    with pytest.raises(UsageError, match="--rho must be between 0.0 and 1.0, got -0.1"):
+    with pytest.raises(UsageError, match="IdentifyConfig.rho must be from 0 to 1, got -0.1"):
         IdentifyConfig(rho=-0.1)
-    with pytest.raises(UsageError, match="--min-group must be at least 0, got -1"):
+    with pytest.raises(UsageError, match="IdentifyConfig.min_group must be at least 0, got -1"):
         IdentifyConfig(min_group=-1)
-    with pytest.raises(UsageError, match="--labeler must be one of structural, llm, hybrid, got 'gpt'"):
+    with pytest.raises(UsageError, match="labeller must be one of structural, llm, hybrid, got 'gpt'"):
         IdentifyConfig(labeller="gpt")
+    # each setting carries its help and bounds (the command line's options are made from them)
+    from dataclasses import fields
+    meta = {f.name: f.metadata for f in fields(IdentifyConfig)}
+    assert meta["delta"]["help"].startswith("Minimum gap") and (meta["delta"]["low"], meta["delta"]["high"]) == (0, 1)
+    assert meta["labeller"]["choices"] == ("structural", "llm", "hybrid")
 
 
 def test_k_of_n_stability():
@@ -597,7 +602,7 @@ def test_one_sided_input_retains_nothing_and_says_why(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     r = CliRunner().invoke(main, ["identify", str(empty)])
-    assert r.exit_code == 1 and r.output.startswith("error: no trajectories:")
+    assert r.exit_code == 2 and r.output.startswith("error: no trajectories:")
 
 
 def test_the_plot_says_why_a_point_in_the_keep_region_is_grey(tmp_path):
@@ -640,6 +645,8 @@ def test_cli_errors(tmp_path):
     src = _write_run(tmp_path)
     r = CliRunner().invoke(main, ["identify", str(src), "--runs", "0"])
     assert r.exit_code == 2 and "error: --runs must be at least 1, got 0" in r.output
+    r = CliRunner().invoke(main, ["identify", str(src), "--min-runs", "11"])
+    assert r.exit_code == 2 and "error: --min-runs must be from 1 to runs (10), got 11" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "llm"])
     assert r.exit_code == 2 and "--labeler llm needs --model" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "hybrid"])
