@@ -709,3 +709,19 @@ def test_task_text_is_the_first_user_message_cut_short():
     long = task_text(traj(user("x " * 400)))
     assert len(long) == 300 and long.endswith("...")
     assert task_text(traj(say("hello"))) == ""
+
+
+def test_odd_input_never_crashes_a_rule():
+    """Arguments that are not JSON objects, expected actions with list arguments, a history
+    count that is not a number, tool results that are not JSON: every rule still answers."""
+    t = traj(user("hi"),
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "cancel_reservation",
+                                                               "arguments": "[1, 2]"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "not json"},
+             *call("update_x", {"x_id": ["a", {"b": None}], "n": True}, "Error: ???"),
+             expected=[("cancel_reservation", ["R1"]), ("update_x", {"x_id": None})])
+    t.metadata["history"] = "3"
+    _, verdicts = label_structural([t], policy="The current time is bad. within the last 24 hrs")
+    assert set(verdicts[0]) == {r.capability.name for r in STRUCTURAL_RULES}
+    assert all(v.label in (PRESENT, LACKING, NA) and v.why for v in verdicts[0].values())

@@ -91,7 +91,7 @@ def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None 
     v1's, are added to it)."""
     meta = meta or {}
     start = t.metadata.get("history") or 0
-    start = start if isinstance(start, int) and 0 <= start <= len(t.messages) else 0
+    start = start if type(start) is int and 0 <= start <= len(t.messages) else 0
     calls: list[Call] = []
     by_id: dict[str, Call] = {}
     for i, m in enumerate(t.messages):
@@ -116,7 +116,8 @@ def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None 
                 c.error = c.result.lstrip().lower().startswith("error")
     expected = None
     if t.expected_actions is not None:
-        expected = [e for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
+        expected = [{**e, "arguments": e.get("arguments") if isinstance(e.get("arguments"), dict) else {}}
+                    for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
     system = [m.get("content") or "" for m in t.messages if m.get("role") == "system"]
     own = t.metadata.get("policy") if isinstance(t.metadata.get("policy"), str) else ""
     text = "\n".join([policy or "", own] + system).lower()
