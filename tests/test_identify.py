@@ -301,7 +301,8 @@ def test_precondition_verification_checks_what_the_read_showed():
     assert label(traj(*be, *upgrade), name, basic) == PRESENT    # changes the cabin itself
     people = call("update_reservation_passengers", {"reservation_id": "R1", "passengers": []})
     assert label(traj(*be, *people), name, basic) == PRESENT     # not about the flights
-    assert label(traj(*be, *move), name) == PRESENT              # no policy given
+    searched = call("search_direct_flight", {"origin": "JFK"}, '[{"flight_number": "HAT1"}]')
+    assert label(traj(*be, *searched, *move), name) == PRESENT   # no policy given
     # the tool refusing the write for the entity's state
     refused = call("cancel_reservation", {"reservation_id": "R1"}, "Error: reservation is already cancelled")
     assert label(traj(*res("2024-05-15T01:00:00"), *refused), name, policy) == LACKING
@@ -309,6 +310,30 @@ def test_precondition_verification_checks_what_the_read_showed():
     v = verdict(traj(*res("2024-05-13T09:00:00"), say("I'm sorry, this reservation is not eligible "
                                                        "for cancellation.")), name, policy)
     assert v.label == PRESENT and v.turn == 2
+
+
+def test_precondition_verification_wants_a_new_booking_s_parts_searched():
+    """What a write puts inside its entity (flights of a booking, items of an exchange) must
+    have been shown by a read of its own: the flights of an old reservation are no search."""
+    name = "precondition verification"
+    me = call("get_user_details", {"user_id": "u1"}, '{"user_id": "u1"}')
+    book = call("book_reservation", {"user_id": "u1", "flights": [{"flight_number": "HAT1", "date": "2024-05-20"}],
+                                     "payment_methods": [{"payment_id": "gift_card_1", "amount": 10}]})
+    search = call("search_direct_flight", {"origin": "JFK"}, '[{"flight_number": "HAT1", "status": "available"}]')
+    old = call("get_reservation_details", {"reservation_id": "OLD"},
+               '{"reservation_id": "OLD", "flights": [{"flight_number": "HAT1", "price": 100}]}')
+    assert label(traj(*me, *search, *book), name) == PRESENT
+    v = verdict(traj(*me, *old, *book), name)
+    assert v.label == LACKING and "flights[0].flight_number=HAT1 was never shown by a read of its own" in v.why
+    assert label(traj(user("book HAT1 please"), *me, *book), name) == LACKING   # the user's word only
+    # an exchange: the items from the order itself, the new ones from the product listing
+    order = call("get_order_details", {"order_id": "#W1"},
+                 '{"order_id": "#W1", "user_id": "u1", "status": "delivered", "items": [{"item_id": "111"}]}')
+    product = call("get_product_details", {"product_id": "P"}, '{"variants": {"222": {"available": true}}}')
+    exchange = call("exchange_delivered_order_items", {"order_id": "#W1", "item_ids": ["111"],
+                                                       "new_item_ids": ["222"], "payment_method_id": "gc"})
+    assert label(traj(*me, *order, *product, *exchange), name) == PRESENT
+    assert label(traj(*me, *order, *exchange), name) == LACKING                 # 222 never listed
 
 
 def test_pre_filled_history_is_context_not_conduct():
