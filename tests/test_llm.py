@@ -514,3 +514,12 @@ def test_the_test_server_lists_its_model_and_checks_the_key():
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{s.url}/models", timeout=5)
         assert e.value.code == 401
+
+
+def test_the_rubric_covers_every_structural_capability():
+    """The LLM labeller is given the same definitions as the rules (docs/identify-rubric.md)."""
+    from envforge.identify import STRUCTURAL_RULES
+    from envforge.identify.llm import LABELLING_SYSTEM, RUBRIC
+    assert set(RUBRIC) == {r.capability.name for r in STRUCTURAL_RULES}
+    assert all("LACKING:" in text and "PRESENT:" in text and "NA:" in text for text in RUBRIC.values())
+    assert "One root cause, one label" in LABELLING_SYSTEM and "pre-filled history" in LABELLING_SYSTEM
