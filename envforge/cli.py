@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,17 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, InputError, UsageError
+from envforge.errors import ConfigError, EnvforgeError, InputError, SandboxUnavailable, UsageError
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
+from envforge.identify import report as identify_report
+from envforge.progress import Step
 from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
-from sandbox.docker import build_image
+from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -183,10 +186,9 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     tgt = _target(target) if target else None
     reports = []
     for p in paths:
-        with _status(f"auditing {p}", quiet=as_json) as status:
+        with Display(f"auditing {p}", quiet=as_json) as display:
             reports.append(run_audit(p, target=tgt, static_only=static_only, backend=backend,
-                                     settings=gate, write_report=not no_report,
-                                     progress=lambda s, p=p: status(f"auditing {p}: {s}")))
+                                     settings=gate, write_report=not no_report, progress=display))
         if not as_json:
             _print_report(reports[-1])
     if as_json:
@@ -194,27 +196,49 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     sys.exit(0 if all(r.accepted for r in reports) else 1)
 
 
-class _status:
-    """A rich spinner on stderr (nothing when quiet or not a terminal); call it to update."""
+class Display:
+    """Shows a stage's progress steps (``envforge.progress``) on stderr: a spinner with the
+    latest line per item, and a bar when steps count finished items. Nothing when quiet or when
+    stderr is not a terminal. Thread-safe: batch stages report from several threads."""
 
-    def __init__(self, text: str, quiet: bool = False):
-        self.text, self.live = text, None
+    def __init__(self, title: str, quiet: bool = False):
+        self.bar, self.lock, self.lines = None, threading.Lock(), {}
         if not quiet and sys.stderr.isatty():
             from rich.console import Console
-            self.live = Console(stderr=True).status(text)
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                       TextColumn, TimeElapsedColumn)
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.main = self.bar.add_task(title, total=None)
 
-    def __enter__(self):
-        if self.live:
-            self.live.__enter__()
+    def __enter__(self) -> "Display":
+        if self.bar:
+            self.bar.start()
         return self
 
-    def __call__(self, text: str) -> None:
-        if self.live:
-            self.live.update(text)
+    def __call__(self, step: Step) -> None:
+        if not self.bar:
+            return
+        with self.lock:
+            if step.item is None:
+                self.bar.update(self.main, description=step.text)
+            elif step.done is not None:  # an item finished
+                self.bar.update(self.main, completed=step.done, total=step.total)
+                line = self.lines.pop(step.item, None)
+                if line is not None:
+                    self.bar.remove_task(line)
+            else:
+                if step.item not in self.lines:
+                    self.lines[step.item] = self.bar.add_task("", total=None)
+                self.bar.update(self.lines[step.item], description=f"  {step}")
 
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.__exit__(*exc)
+    def say(self, text: str) -> None:
+        self(Step(text))
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
 
 
 def _print_report(report) -> None:
@@ -257,8 +281,8 @@ def sandbox_group() -> None:
               "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
 def sandbox_build(base):
     """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
-    with _status("building the sandbox image") as status:
-        tag = build_image(base=base, progress=status)
+    with Display("building the sandbox image") as display:
+        tag = build_image(base=base, progress=display.say)
     click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
 
 
@@ -305,8 +329,6 @@ def sandbox_doctor(as_json, clean):
 def _clean_strays() -> list[dict]:
     """Remove the Docker engine's stray sandbox containers; what was found (none without an
     engine: said on stderr)."""
-    from envforge.errors import SandboxUnavailable
-    from sandbox.docker import DockerBackend
     try:
         return DockerBackend().clean()
     except SandboxUnavailable as e:
@@ -367,7 +389,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = identify_report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -375,7 +397,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         emit_json(result.to_dict())
         return
     con = console()
-    con.print(report.table(result))
+    con.print(identify_report.table(result))
     con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
               + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
               highlight=False)
@@ -461,12 +483,11 @@ def synth(more_trajectories, capability, description, from_file, include_all, tr
         if config.synthesizer == "auto":
             click.echo(f"synthesizer: {kind}" + (f" ({config.model})" if kind == "openai" else
                        " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
-    if capability:
-        with _status(f"synthesizing {capability!r}", quiet=as_json) as status:
-            results = [S.synthesize(specs[0], tgt, config, progress=lambda s: status(f"{capability}: {s}"),
-                                    label=label)]
-    else:
-        results = S.synthesize_batch(specs, tgt, config, progress=not as_json and sys.stderr.isatty())
+    with Display("synthesizing", quiet=as_json) as display:
+        if capability:
+            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label)]
+        else:
+            results = S.synthesize_batch(specs, tgt, config, progress=display)
     if as_json:
         emit_json(results[0].to_dict() if capability else [r.to_dict() for r in results])
     else:
