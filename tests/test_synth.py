@@ -297,7 +297,7 @@ def test_load_capabilities_takes_the_examples_identify_wrote(tmp_path):
     ts = [run("a.json", "a: failed for another reason", 0.0, True),
           run("b.json", "b: cancelled unasked", 0.0, False), run("c.json", "c: passed", 1.0, True)]
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(identify(ts, IdentifyConfig(runs=1))))
+    path.write_text(json.dumps(identify(ts, IdentifyConfig(runs=1)).to_dict()))
     spec = next(s for s in load_capabilities(path, retained_only=False, trajectories=ts)
                 if s.name == "confirmation before write")
     assert len(spec.examples) == 1 and spec.examples[0].startswith("USER: b: cancelled unasked")

@@ -244,8 +244,9 @@ def test_unknown_capability_text_fails_listing_the_families():
 def test_every_capability_of_the_structural_labeller_has_a_family():
     """So that `envforge identify` then `envforge synth --from` works offline."""
     from envforge.identify import STRUCTURAL_RULES
-    for capability, _ in STRUCTURAL_RULES:
-        assert match_family(capability.name, capability.description).name == capability.name
+    for rule in STRUCTURAL_RULES:
+        c = rule.capability
+        assert match_family(c.name, c.description).name == c.name
 
 
 # ============================================================================= the env it writes
