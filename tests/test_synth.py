@@ -247,11 +247,11 @@ def test_from_a_file_without_retained_capabilities(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"capabilities": [{"name": "x", "retained": False}]}))
     r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
-    assert r.exit_code == 1 and r.output == (f"Error: {path} has no retained capability to synthesize "
+    assert r.exit_code == 2 and r.output == (f"error: {path} has no retained capability to synthesize "
                                              "(pass --all to take every capability it lists)\n")
     path.write_text("[1, 2]")
     r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
-    assert r.exit_code == 1 and r.output.startswith(f"error: {path}: expected {{\"capabilities\":")
+    assert r.exit_code == 2 and r.output.startswith(f"error: {path}: expected {{\"capabilities\":")
 
 
 def test_two_capabilities_of_one_family_make_one_env(out):
