@@ -252,15 +252,16 @@ def test_every_capability_of_the_structural_labeller_has_a_family():
 # ============================================================================= the env it writes
 
 
-def test_rendering_is_deterministic_and_self_contained():
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.slug)
+def test_rendering_is_deterministic_and_self_contained(family):
     t = load_target("example")
-    a, _ = synthesize_template("precondition verification", FAMILIES[0], t)
-    b, _ = synthesize_template("precondition verification", FAMILIES[0], t)
+    a, _ = synthesize_template(family.name, family, t)
+    b, _ = synthesize_template(family.name, family, t)
     assert a == b
     static = audit_static(a)
     assert static.ok and not static.findings, [f.message for f in static.findings]
-    assert static.shape["capability"] == "precondition verification"
-    assert "Why it transfers:" in a.split('"""')[1]
+    assert static.shape["capability"] == family.name
+    assert "Why it transfers:" in a.split('"""')[1] and "{" not in a.split('"""')[1]
     imports = [ln for ln in a.splitlines() if ln.startswith(("import ", "from "))]
     assert imports == ["import json", "import random", "import re"]
 
