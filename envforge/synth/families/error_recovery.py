@@ -102,7 +102,9 @@ class Env(BaseEnv):
         s = self._s
         if outcome != "write" or not s["right"]:
             return 0.0
-        return 0.2 * s["read"] + 0.8 * s["frac"]
+        # the first error is the scenario's; each further failed call costs 0.1 (at most 0.3)
+        waste = 0.1 * min(3, max(0, s["errors"] - 1))
+        return max(0.0, 0.2 * s["read"] + 0.8 * s["frac"] - waste)
 
     def solve(self, seed):
         w = self._world(_rng(seed))
