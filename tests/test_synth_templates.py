@@ -400,6 +400,7 @@ def test_error_recovery_rewards_the_fixed_call():
     score, seen, _ = play(Env, seed, ref[:2] + ref[1:2])           # retried without reading again
     assert score == 0.0 and "has not been read since it changed" in seen[-1]["content"]
     assert play(Env, seed, ref[:2] + ref[1:2] + ref[2:])[0] == 0.9  # then did: one failed call too many
+    assert play(Env, seed, ref[1:2])[0] == 0.8                     # never read: nothing went stale
     wrong = dict(_args(ref[-1]), resolution=_args(ref[-1])["resolution"] + " (edited)")
     assert play(Env, seed, ref[:3] + [assistant(None, [tool_call("close_ticket", wrong, "w")])])[0] == round(
         0.2 + 0.8 * 1 / 2, 4)                                      # every argument is checked
