@@ -437,6 +437,10 @@ def test_escalation_judgement_transfers_when_and_only_when_out_of_scope():
 
 
 MATRIX_TARGETS = ["retail", "airline", "telecom", "mock", "toolsandbox", "example"]
+#: The gate draws its probes per audit; the matrix pins them so that a run is reproducible (with
+#: 20 seeds, a family whose partial scores are rarer, error recovery on airline's one-argument
+#: write, misses them all in about 3% of draws; at the gate's default 50 seeds, almost never).
+MATRIX_PROBE_SEED = 0
 #: The pairs of the matrix whose target lacks a tool the family needs.
 UNSUPPORTED = {"escalation_judgement": ("toolsandbox",)}
 
@@ -475,7 +479,8 @@ def matrix_results(tmp_path_factory):
             return (name, f.slug), (str(e), 0.0)
         (folder / "env.py").write_text(src)
         t0 = time.perf_counter()
-        report = audit(folder, target=t, settings=GateSettings(seeds=20), write_report=False)
+        report = audit(folder, target=t, settings=GateSettings(seeds=20, probe_seed=MATRIX_PROBE_SEED),
+                       write_report=False)
         return (name, f.slug), (report, time.perf_counter() - t0)
 
     return dict(run(job) for job in jobs)
