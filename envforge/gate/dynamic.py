@@ -652,6 +652,18 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {capability!r} must need the information "
                          "the reads return.")
+    # extreme values in otherwise valid calls: each integer argument of the reference's calls at a
+    # large value (the schema's maximum when it has one), each free string argument made long
+    for e in solved[:3]:
+        for i, a in enumerate(e.actions):
+            for j, call in enumerate(a.get("tool_calls") or []):
+                name, args = call["function"]["name"], _json_args(call) or {}
+                props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
+                for key in sorted(args):
+                    new = _extreme(args[key], props.get(key), draws.rng, settings.long_text_chars)
+                    if new is not _SKIP:
+                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
+                        host.episode("a", e.seed, scripted(plan), f"extreme {name}.{key}")
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
     for e in sample[:3]:
         reads = [a for a in e.actions if a.get("tool_calls")
@@ -699,6 +711,20 @@ def _other_value(value: Any, schema: Any) -> Any:
         return _SKIP if not value or len(value.split()) > 3 else _mutate(value)
     if isinstance(value, list) and value:
         return value[:-1]
+    return _SKIP
+
+
+def _extreme(value: Any, schema: Any, rng: random.Random, long: int) -> Any:
+    """A large but schema-valid version of ``value`` (ints and free strings), or _SKIP."""
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(value, bool) or "enum" in schema or "const" in schema:
+        return _SKIP
+    if isinstance(value, int):
+        big = schema.get("maximum", rng.choice((10**5, 10**7, 10**9, 2**31 - 1)))
+        return big if isinstance(big, int) and big != value else _SKIP
+    if isinstance(value, str) and value and not schema.get("pattern") and not schema.get("format"):
+        size = min(long, schema.get("maxLength", long)) if isinstance(schema.get("maxLength", long), int) else long
+        return (value * (size // len(value) + 1))[:size] if size > len(value) else _SKIP
     return _SKIP
 
 
