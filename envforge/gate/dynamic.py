@@ -621,7 +621,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                 args = _json_args(call)
                 if kinds.get(name) in ("read", "escalation") or not args:
                     continue
-                props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
+                props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
                     if new is _SKIP or tried.get((name, key), [False])[0]:
@@ -658,7 +658,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
                 name, args = call["function"]["name"], _json_args(call) or {}
-                props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
+                props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _extreme(args[key], props.get(key), draws.rng, settings.long_text_chars)
                     if new is not _SKIP:
@@ -746,6 +746,13 @@ def _without_reads(actions: list, kinds: dict) -> list | None:
     return out if removed and out else None
 
 
+def _properties(by_name: dict, name: str) -> dict:
+    """The parameter schemas of tool ``name`` ({} for a tool the env does not offer)."""
+    params = by_name.get(name, {}).get("function", {}).get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
 def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     """The first (tool, argument, value) of the reference that names something the agent had not
     seen by then: a string (up to three words) absent from every message so far and the schemas."""
@@ -753,12 +760,12 @@ def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     for t, a in enumerate(e.actions):
         for call in a.get("tool_calls") or []:
             args = _json_args(call) or {}
-            props = ((by_name.get(call["function"]["name"], {}).get("function", {}).get("parameters") or {})
-                     .get("properties") or {})
+            props = _properties(by_name, call["function"]["name"])
             for key, value in args.items():
                 for v in _strings(value):
                     low = _squash(v)
-                    if len(low) < 3 or len(v.split()) > 3 or v in (props.get(key) or {}).get("enum", []):
+                    enum = props[key].get("enum") if isinstance(props.get(key), dict) else None
+                    if len(low) < 3 or len(v.split()) > 3 or isinstance(enum, list) and v in enum:
                         continue
                     escaped = _squash(json.dumps(v))  # tool results are often JSON text: "Zo\\u00eb"
                     if not any(low in text or escaped in text for text in seen):
