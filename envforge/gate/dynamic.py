@@ -1,19 +1,29 @@
 """The dynamic stage of the gate: the env runs, in a sandbox, under probe policies and hypothesis.
 
-Every property of ENV_CONTRACT.md's table that needs the code to run is checked here:
+Every property of ENV_CONTRACT.md's table that needs the code to run is checked here. Env code
+may have read this file, so every probe is drawn per audit from one probe seed (``Draws``:
+seeds from a large range, free texts up to several KB, the second sandbox's PYTHONHASHSEED,
+hypothesis's own draws), recorded in the report and replayable with ``--probe-seed``:
 
-- probes over ``settings.seeds`` seeds: the reference ``solve``, a perturbed reference (one action
-  dropped, one argument changed, or the plan cut short), a do-nothing policy (talks, calls no
-  tool) and a random policy (schema-valid calls and chatter, drawn by hypothesis);
+- probes over ``settings.seeds`` drawn seeds: the reference ``solve``, a perturbed reference (one
+  action dropped, one argument changed, or the plan cut short), a do-nothing policy (talks drawn
+  text, calls no tool) and a random policy (schema-valid calls and chatter, drawn by hypothesis);
 - hypothesis state machines whose rules are tool calls drawn from each tool's JSON schema plus
-  malformed calls of every kind (robustness);
+  malformed calls of every kind and drawn text (robustness);
+- does the env test its capability: the reference's words without its tool calls, each
+  argument of its writes changed in turn, its reads removed, extreme values in its own calls,
+  episodes played to max_turns, and whether its arguments were ever shown to the agent;
+- thousands of resets of one instance in one runner request: drift, slowdown, memory growth;
 - determinism: the reference and random episodes replayed in the same instance, in a second
-  instance, and in a second sandbox process with another PYTHONHASHSEED;
+  instance, and in a second sandbox process with another PYTHONHASHSEED (the first runs under
+  the one training uses);
 - isolation: an episode interleaved step by step with another instance's episode must not change.
 
 Every call has a time limit and the sandbox a memory limit: a hang, a crash or a blow-up becomes
-a ``bounded`` finding and the sandbox is replaced, never a hung audit. Thresholds live in
-``GateSettings``; each finding's message says what was seen and what to change.
+a ``bounded`` finding and the sandbox is replaced, never a hung audit; anything else that goes
+wrong (hypothesis confused by the env included) is a finding too, never a traceback. Thresholds
+live in ``GateSettings`` (``config.py``); each finding's message says what was seen and what to
+change.
 """
 from __future__ import annotations
 
