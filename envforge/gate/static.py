@@ -5,15 +5,18 @@ small check per rule, in order: imports, builtins, dunders, entropy sources, the
 Every finding names the line it was seen on, and a rejected env gets all the findings it earned.
 It never raises: bytes that are not UTF-8, binary files, empty files and syntax errors are findings.
 
-What it protects against: the escapes that need a name: imports outside the allow-list, forbidden
-builtins (also aliased or looked up by a string), dunder and frame walks to ``object``, globals and
-frames (also spelled inside strings or built at run time for ``getattr``), module internals reached
-through allowed modules (``random._os``, ``typing.sys``), and wall-clock or unseeded randomness.
+The audit is by reachability, since blocking names cannot win: an allowed module is used only
+through the names MODULE_NAMES lists for it, and is never a value itself; dunder and frame
+attributes are never read, and underscore attributes only when the file defines them; no
+attribute is looked up by a run-time string (getattr with a computed name, str.format on a string
+that is not one of the file's literals, string.Formatter, operator.attrgetter); no evaluator of
+string annotations (typing.get_type_hints, functools.singledispatch); no class pattern with
+positional sub-patterns on a class that is not a builtin; no metaclass; no wall clock or
+unseeded randomness through any alias. Each rule's finding says what it stops.
 What it does not: code that loops forever, allocates without bound or misbehaves at run time; the
 sandbox and the dynamic checks own those. A static audit of Python is a filter, not a proof.
 
-RestrictedPython is not used because it rejects every name that starts with an underscore, which
-idiomatic generated code uses everywhere (``self._schemas``), so it would reject clean envs.
+RestrictedPython (run-time guards) is not used yet: docs/gate.md says why and how it would fit.
 """
 from __future__ import annotations
 
