@@ -192,10 +192,10 @@ def sandbox_doctor(as_json, clean):
 
     from sandbox.base import diagnose
 
+    strays = _clean_strays() if clean else None  # first: a Docker probe would reap them unseen
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
-    strays = _clean_strays() if clean else None
     if as_json:
         emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:

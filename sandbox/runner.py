@@ -1,20 +1,27 @@
 """The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
 
-Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` behind an
-isolation boundary (a process sandbox or a container). Standard library only; ``pyseccomp`` is
-used when asked for. It speaks the line protocol of ``sandbox/base.py``: one JSON request per line
-on stdin, one JSON reply per line on the original stdout (ops: load, new, reset, step, solve,
-ping, stats); with ``--shm``, the same messages through shared memory instead (see SHM_REGION).
-Before any env code runs it
+Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT] [--connect PATH]
+[--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
+only; ``pyseccomp`` is used when asked for. It speaks the line protocol of ``sandbox/base.py``:
+one JSON request per line on stdin, one JSON reply per line on the original stdout (ops: load,
+new, reset, step, solve, ping, stats); with ``--shm``, the same messages through shared memory
+instead (see SHM_REGION). In a container, ``--connect`` first makes a unix socket to the host
+fds 0 and 1, and ``--watch`` leaves a watcher behind as the container's first process (see
+``watch``). Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
-  at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
-  64 KiB: an env's print() can neither corrupt nor read the protocol. (Env code that finds the
-  private fds can still write raw lines there; the host treats every reply as untrusted data.)
+  at the host's stderr file (in a container, the watcher's pipe), and makes
+  ``sys.stdout``/``sys.stderr`` a sink that keeps the first 64 KiB: an env's print() can neither
+  corrupt nor read the protocol. (Env code that finds the private fds can still write raw lines
+  there; the host treats every reply as untrusted data.)
 - with ``--seccomp``, installs a seccomp filter (allow by default; EPERM for creating sockets,
-  processes or programs, opening files for writing, changing the filesystem, signalling other
-  processes, tracing, mounting, changing ids, ...). If it cannot, it exits with status 3.
+  processes, threads or programs, opening files for writing, changing the filesystem, signalling
+  other processes, tracing, mounting, changing ids, kernel surface such as io_uring, typing into
+  terminals and having the kernel signal someone on I/O: see KERNEL, DENY, ARGUMENT_RULES). If it
+  cannot, it exits with status 3.
 - sets RLIMIT_NPROC to 0: running as a non-root user it can start no process or thread.
+- blocks every signal outside calls (see ``serve``): no env code runs between calls, and CPU used
+  while idle ends the runner (exit status 4).
 
 Every call into env code is wrapped so that any exception (SystemExit, MemoryError,
 RecursionError included) becomes an error reply, and every value is checked to survive

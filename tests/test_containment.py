@@ -261,7 +261,9 @@ def test_cpu_burned_between_calls_ends_the_sandbox(attack):
     t = time.monotonic()
     with pytest.raises(SandboxCrashed, match="CPU seconds between calls"):
         sb.ping()
-    assert time.monotonic() - t < 1.0 + 0.3
+    # the runner's burn (0.3 CPU-s) then its exit, within a second; on Docker the report also
+    # waits for the engine to see the container stopped and drains its stderr (up to 1 s each)
+    assert time.monotonic() - t < 1.0 + 0.3 + (2.0 if attack.layer == "docker" else 0.0)
     assert sb.closed
 
 
@@ -322,7 +324,7 @@ while time.monotonic() < end:
         out1, inside1 = _cpu_seconds(outside), _container_cpu(sb.transport.id)
         inside = inside1 - inside0
         out = sum(out1[p] - out0[p] for p in out1.keys() & out0.keys())
-        assert inside > 1.0, f"the attack barely ran ({inside:.2f} CPU-s)"
+        assert inside > 0.3, f"the attack barely ran ({inside:.2f} CPU-s; a loaded machine?)"
         assert inside / (inside + out) >= 0.8, f"container {inside:.2f} CPU-s, outside {out:.2f}"
         assert sb.ping()
     finally:
