@@ -31,8 +31,8 @@ memfd is sealed at its size, so the runner cannot shrink it under the host's map
 can find the runner's descriptor: its mapping keeps one), and the host copies a reply out before
 it reads it, checking its length: a runner that scribbles on the memory, rings or fills the bells
 or writes the pipe only lies, like any other reply, within the call's time limit (the host's
-ends of the pipes are its own open files, non-blocking whatever the runner does to its ends). ``channel="pipe"`` keeps every
-message on the pipes.
+ends of the pipes are its own open files, non-blocking whatever the runner does to its ends).
+``channel="pipe"`` keeps every message on the pipes.
 
 Protects against (with seccomp, on every layer): network access; starting processes or programs,
 fork bombs included; writing, deleting or renaming host files; signalling or tracing other
