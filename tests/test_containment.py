@@ -141,12 +141,14 @@ def test_no_signal_to_the_host_through_a_shared_file(attack):
     try:
         source = env_with(step=f"""import fcntl, os
 done = []
+on = (1).to_bytes(4, "little")
 for fd in range(64):
     for pid in ({os.getpid()}, os.getppid(), -os.getpgid(0)):
-        for what, call in (("setown", lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, pid)),
-                           ("setsig", lambda: fcntl.fcntl(fd, 10, {int(signal.SIGUSR1)})),
-                           ("async", lambda: fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | 0o20000)),
-                           ("fioasync", lambda: fcntl.ioctl(fd, 0x5452, (1).to_bytes(4, "little")))):
+        for what, call in (
+                ("setown", lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, pid)),
+                ("setsig", lambda: fcntl.fcntl(fd, 10, {int(signal.SIGUSR1)})),
+                ("async", lambda: fcntl.fcntl(fd, 4, fcntl.fcntl(fd, 3) | 0o20000)),
+                ("fioasync", lambda: fcntl.ioctl(fd, 0x5452, on))):
             try:
                 call()
                 done.append((fd, what))
@@ -357,3 +359,26 @@ def test_doctor_shows_what_holds_each_layer():
             assert facts[key] is True, (name, key)
         assert facts["uid"] != 0 or name == "process/none", name
         assert "inside" not in rows[name]["detail"]
+
+
+# --------------------------------------------------------------------------- owners
+
+def test_an_owner_is_gone_only_when_that_is_certain():
+    """Container owners are named by hostname, boot id, pid namespace, pid and start time: a pid
+    alone is ambiguous across pid namespaces (a host in a pod is pid 1) and over time."""
+    import subprocess
+    import sys
+    from sandbox.docker import owner, owner_gone
+    mine = owner()
+    host, boot, namespace, pid, started = mine.split("/")
+    assert pid == str(os.getpid()) and started.isdigit() and boot != "?"
+    assert not owner_gone(mine)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = "/".join((host, boot, namespace, str(child.pid), "1"))
+    assert owner_gone(dead)                                               # pid gone
+    assert owner_gone("/".join((host, boot, namespace, pid, "1")))        # pid reused
+    assert owner_gone("/".join((host, "an-earlier-boot", namespace, pid, started)))
+    assert not owner_gone("/".join(("another-host", "x", namespace, str(child.pid), "1")))
+    assert not owner_gone("/".join((host, boot, "pid:[1]", str(child.pid), "1")))  # another ns
+    assert not owner_gone(f"{host}:{child.pid}") and not owner_gone("")  # old or no label

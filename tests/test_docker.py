@@ -183,7 +183,8 @@ def test_inside_the_container(make, channel):
     import errno
     seen = step(make(env_with(step=PROBE + returning("seen")), channel=channel))[4]
     assert seen == {
-        "uid": 10001, "parent": 1, "pids": True, "cap": "0000000000000000", "nnp": "1", "seccomp": "2",
+        "uid": 10001, "parent": 1, "pids": True, "cap": "0000000000000000", "nnp": "1",
+        "seccomp": "2",
         "ifs": ["lo"], "env": ["HOME", "HOSTNAME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE",
                                "PYTHONHASHSEED"],
         "/pwned": errno.EROFS, "/opt/envforge/runner.py": errno.EROFS,
