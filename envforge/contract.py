@@ -185,6 +185,19 @@ class Finding:
         return d
 
 
+def findings_from(items: Any) -> list[Finding]:
+    """Findings read back from JSON (a report.json or a manifest's attempts). An entry that is
+    not a finding of a known check stays, as a warning that says so."""
+    out = []
+    for d in items if isinstance(items, list) else []:
+        try:
+            out.append(Finding(d["check"], d["severity"], str(d["message"]), d.get("expected"),
+                               d.get("actual")))
+        except (KeyError, TypeError, ValueError):
+            out.append(warning("input", f"not a finding of this envforge: {d!r}"[:500]))
+    return out
+
+
 def error(check: str, message: str, expected: Any = None, actual: Any = None) -> Finding:
     return Finding(check, "error", message, expected, actual)
 
@@ -195,12 +208,14 @@ def warning(check: str, message: str, expected: Any = None, actual: Any = None) 
 
 @dataclass
 class Report:
-    """The gate's verdict on one env: accepted when no finding is an error."""
+    """The gate's verdict on one env: accepted when no finding is an error. ``target`` and
+    ``target_schema_hash`` say which target's tools it was judged against."""
     path: str
     findings: list[Finding] = field(default_factory=list)
     target: str | None = None
     stages: dict[str, float] = field(default_factory=dict)  # stage name -> seconds
     stats: dict[str, Any] = field(default_factory=dict)     # measured values (scores, counts)
+    target_schema_hash: str | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -212,7 +227,7 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "verdict": self.verdict, "target": self.target,
-                "contract_version": CONTRACT_VERSION,
+                "target_schema_hash": self.target_schema_hash, "contract_version": CONTRACT_VERSION,
                 "findings": [f.to_dict() for f in self.findings],
                 "stages": {k: round(v, 4) for k, v in self.stages.items()}, "stats": self.stats}
 

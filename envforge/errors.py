@@ -1,6 +1,8 @@
 """Error types shared by every stage. Each names the boundary it comes from, so that the CLI can
-map it to an exit code and a message that says what to fix (1: the input or a run failed,
-2: the command was used wrongly)."""
+map it to an exit code and a message that says what to fix: 2 when what was asked cannot be done
+as given (``UsageError``, ``ConfigError``, ``InputError``: a wrong option, or a missing or malformed
+file), 1 when the work itself failed (the sandbox, the env's code, the model). The rule is in
+docs/configuration.md."""
 from __future__ import annotations
 
 
@@ -29,7 +31,9 @@ class ActionError(UsageError, ValueError):
 
 
 class InputError(EnvforgeError):
-    """A file the user gave could not be read or has the wrong shape (exit 1)."""
+    """A file or folder the user named is missing, unreadable or has the wrong shape (exit 2,
+    like every problem with what was asked: see docs/configuration.md)."""
+    exit_code = 2
 
 
 class TargetError(InputError):

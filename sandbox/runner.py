@@ -4,10 +4,10 @@ Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT] [--
 [--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
 only; ``pyseccomp`` is used when asked for. It speaks the line protocol of ``sandbox/base.py``:
 one JSON request per line on stdin, one JSON reply per line on the original stdout (ops: load,
-new, reset, step, solve, ping, stats); with ``--shm``, the same messages through shared memory
-instead (see SHM_REGION). In a container, ``--connect`` first makes a unix socket to the host
-fds 0 and 1, and ``--watch`` leaves a watcher behind as the container's first process (see
-``watch``). Before any env code runs it
+new, reset, step, solve, ping, stats, and the gate's batch "resets"); with ``--shm``, the same
+messages through shared memory instead (see SHM_REGION). In a container, ``--connect`` first
+makes a unix socket to the host fds 0 and 1, and ``--watch`` leaves a watcher behind as the
+container's first process (see ``watch``). Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
   at the host's stderr file (in a container, the watcher's pipe), and makes
@@ -246,14 +246,16 @@ class Runner:
             return ENCODE(times)
         if op == "load":
             return self.load(req)
-        if op not in ("new", "reset", "step", "solve"):
+        if op not in ("new", "reset", "step", "solve", "resets"):
             raise Failure("protocol", f"unknown op {op!r}; known: load, new, reset, step, "
-                                      "solve, ping, stats")
+                                      "solve, resets, ping, stats")
         if self.module is None:
             raise Failure("protocol", f"{op} before load: load an env first")
         if op == "new":
             self.instances.append(self.call(self.env_cls))
             return str(len(self.instances) - 1)
+        if op == "resets":
+            return self.resets(self.instance(req), req.get("seeds"), req.get("max_s"))
         env, arg = self.instance(req), "action" if op == "step" else "seed"
         if arg not in req:
             raise Failure("protocol", f"{op} needs the field {arg!r}")
@@ -271,6 +273,31 @@ class Runner:
             raise Failure("contract", f"{op} must return a {len(names)}-tuple "
                                       f"({', '.join(names)}); it returned {got}")
         return self.json_text(op, list(value), "result", names)
+
+    def resets(self, env, seeds, max_s):
+        """The gate's many-resets probe, in one request: reset ``env`` to each of ``seeds`` in
+        turn for at most ``max_s`` seconds. Value: {"resets": [[hash of the result's sorted JSON
+        text, seconds], ...], "rss_kib": peak RSS after every tenth reset}; equal results give
+        equal hashes within this process, so the host sees drift, slowdown and growth."""
+        if (not isinstance(seeds, list) or not all(type(x) is int for x in seeds)
+                or type(max_s) not in (int, float)):
+            raise Failure("protocol", "resets needs a list of int 'seeds' and a number 'max_s'")
+        out, rss, end = [], [], time.perf_counter() + max_s
+        reset = self.call(getattr, env, "reset")
+        for i, seed in enumerate(seeds):
+            start = time.perf_counter()
+            value = self.call(reset, seed)
+            took = time.perf_counter() - start
+            try:
+                text = json.dumps(value, sort_keys=True, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as e:
+                raise Failure("json", f"reset's result is not JSON: {safe_str(e)}") from None
+            out.append([hash(text), took])
+            if i % 10 == 9:
+                rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+            if start > end:
+                break
+        return ENCODE({"resets": out, "rss_kib": rss})
 
     def answer(self, line):
         """(the reply line without its newline, None) for one request line; when the reply is an

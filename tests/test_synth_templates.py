@@ -216,6 +216,12 @@ def test_a_family_module_must_be_named_after_its_slug(tmp_path, monkeypatch):
     ("verifying order status before cancelling", "precondition_verification"),
     ("asks for explicit consent", "confirmation_before_write"),
     ("computing refund totals", "structured_data_reasoning"),
+    ("action completion", "action_completion"),
+    ("stops early before finishing every change", "action_completion"),
+    ("error recovery", "error_recovery"),
+    ("retries after a failed tool call", "error_recovery"),
+    ("escalation judgement", "escalation_judgement"),
+    ("knows when to transfer to a human", "escalation_judgement"),
 ])
 def test_capability_text_maps_to_the_nearest_family(text, slug):
     assert match_family(text).slug == slug
@@ -223,14 +229,23 @@ def test_capability_text_maps_to_the_nearest_family(text, slug):
 
 def test_unknown_capability_text_fails_listing_the_families():
     with pytest.raises(UsageError) as e:
-        match_family("escalation judgement", "transfers to a human when the request is out of scope")
+        match_family("greets the customer politely", "says hello and thanks")
     assert str(e.value) == (
-        "capability 'escalation judgement' matches none of the template synthesizer's families; name "
-        "one of: 'precondition verification' (precondition_verification); 'structured data "
-        "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
-        "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
-        "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use "
-        "--llm openai, which takes any capability)")
+        "capability 'greets the customer politely' matches none of the template synthesizer's "
+        "families; name one of: 'precondition verification' (precondition_verification); "
+        "'structured data reasoning' (structured_data_reasoning); 'tool-call argument precision' "
+        "(argument_precision); 'confirmation before write' (confirmation_before_write); 'policy "
+        "adherence / refusal' (policy_adherence); 'multi-step information gathering' "
+        "(information_gathering); 'action completion' (action_completion); 'error recovery' "
+        "(error_recovery); 'escalation judgement' (escalation_judgement) (or use --llm openai, "
+        "which takes any capability)")
+
+
+def test_every_capability_of_the_structural_labeller_has_a_family():
+    """So that `envforge identify` then `envforge synth --from` works offline."""
+    from envforge.identify import STRUCTURAL_RULES
+    for capability, _ in STRUCTURAL_RULES:
+        assert match_family(capability.name, capability.description).name == capability.name
 
 
 # ============================================================================= the env it writes
@@ -314,10 +329,123 @@ def test_argument_precision_users_speak_loosely():
         0.2 + 0.8 * 2 / 3, 4)
 
 
+def _by_skill(Env, seeds=80, when=lambda env: True) -> dict:
+    """The first seed of each sub-skill (whose scenario passes ``when``)."""
+    found = {}
+    for seed in range(seeds):
+        env = Env()
+        _, info = env.reset(seed)
+        if when(env):
+            found.setdefault(info["skill"], seed)
+    return found
+
+
+def _args(action) -> dict:
+    return json.loads(action["tool_calls"][0]["function"]["arguments"])
+
+
+def test_action_completion_credits_each_change():
+    Env = load_env(synthesize_template("action completion", "action_completion", load_target("example"))[0])
+    seed = _by_skill(Env, when=lambda env: len(env._sc["keys"]) == 3)["listed"]
+    ref = Env().solve(seed)
+    reads, writes, report = ref[:3], ref[3:6], ref[6]
+    assert [a["tool_calls"][0]["function"]["name"] for a in ref[:6]] == ["get_ticket_details"] * 3 + ["close_ticket"] * 3
+    assert play(Env, seed, ref)[0] == 1.0
+    assert play(Env, seed, reads + writes[:1] + [report])[0] == round(1 / 3, 4)   # stopped early
+    assert play(Env, seed, reads + writes[:2] + [report])[0] == round(2 / 3, 4)
+    assert play(Env, seed, writes + [report])[0] == 0.8                            # read none first
+    # a change nobody asked for halves the score
+    env = Env()
+    env.reset(seed)
+    other = next(k for k in env._w["entities"] if k not in env._sc["keys"])
+    wrong = assistant(None, [tool_call("close_ticket", dict(_args(writes[0]), ticket_id=other), "x")])
+    assert play(Env, seed, reads + writes + [wrong, report])[0] == 0.5
+    # talking before doing anything gets the request again, and no reward
+    score, seen, _ = play(Env, seed, [report])
+    assert score == 0.0 and seen[-1]["content"].startswith("As I said: please close ticket for each of")
+    # "all my tickets that are <status>": the user names no id; reading tells which
+    seed = _by_skill(Env)["all_with_status"]
+    env = Env()
+    obs, _ = env.reset(seed)
+    sc = env._sc
+    assert not any(k in obs["messages"][1]["content"] for k in sc["keys"])
+    assert f"that are {sc['status'].replace('_', ' ')}" in obs["messages"][1]["content"]
+    assert play(Env, seed, Env().solve(seed))[0] == 1.0
+
+
+def test_error_recovery_rewards_the_fixed_call():
+    Env = load_env(synthesize_template("error recovery", "error_recovery", load_target("example"))[0])
+    seeds = _by_skill(Env)
+    seed = seeds["id_format"]
+    env = Env()
+    obs, _ = env.reset(seed)
+    sc = env._sc
+    assert sc["said"] != sc["key"] and sc["said"] in obs["messages"][1]["content"]
+    ref = Env().solve(seed)
+    assert _args(ref[0])["ticket_id"] == sc["said"]                # the id as the user typed it
+    score, seen, _ = play(Env, seed, ref)
+    assert score == 1.0
+    assert seen[2]["content"] == (f"Error: ticket {json.dumps(sc['said'])} not found. Ticket ids are "
+                                  f"written like {sc['sample']} (this one is an example, not yours).")
+    assert play(Env, seed, ref[:1] + [assistant("I'm sorry, I cannot find that ticket.")])[0] == 0.0
+    assert play(Env, seed, ref[:1] + ref[2:])[0] == 0.8            # fixed, but never read it
+    seed = seeds["stale_read"]
+    ref = Env().solve(seed)
+    assert len(ref) == 4
+    score, seen, _ = play(Env, seed, ref)
+    assert score == 1.0 and seen[3]["content"].startswith("Error: ticket ") and \
+        "was changed by another request since it was read; read it again with get_ticket_details" in seen[3]["content"]
+    score, seen, _ = play(Env, seed, ref[:2] + ref[1:2])           # retried without reading again
+    assert score == 0.0 and "has not been read since it changed" in seen[-1]["content"]
+    wrong = dict(_args(ref[-1]), resolution=_args(ref[-1])["resolution"] + " (edited)")
+    assert play(Env, seed, ref[:3] + [assistant(None, [tool_call("close_ticket", wrong, "w")])])[0] == round(
+        0.2 + 0.8 * 1 / 2, 4)                                      # every argument is checked
+
+
+def test_escalation_judgement_transfers_when_and_only_when_out_of_scope():
+    Env = load_env(synthesize_template("escalation judgement", "escalation_judgement", load_target("example"))[0])
+    seeds = _by_skill(Env)
+    assert sorted(seeds) == ["in_scope", "out_of_scope_record", "out_of_scope_request"]
+
+    def transfer(summary):
+        return assistant(None, [tool_call("transfer_to_human_agents", {"summary": summary}, "t")])
+    for skill, seed in seeds.items():
+        ref = Env().solve(seed)
+        env = Env()
+        obs, _ = env.reset(seed)
+        key = env._sc["key"]
+        assert play(Env, seed, ref)[0] == 1.0, skill
+        if skill == "in_scope":
+            assert play(Env, seed, ref[:1] + [transfer(f"ticket {key}")])[0] == 0.0
+            assert play(Env, seed, ref[1:])[0] == 0.7             # done, but without reading it
+        else:
+            write = assistant(None, [tool_call("close_ticket", {"ticket_id": key, "resolution": "done"}, "w")])
+            assert play(Env, seed, ref[:1] + [write])[0] == 0.0
+            assert play(Env, seed, ref[:1] + [transfer("the user needs help")])[0] == 0.7
+            assert play(Env, seed, [transfer(f"about ticket {key}")])[0] == 0.3   # not read first
+    env = Env()
+    obs, _ = env.reset(seeds["out_of_scope_record"])
+    status = env._w["entities"][env._sc["key"]]["status"]
+    assert f"A ticket whose status is '{status}' may only be changed by a human agent" in obs["messages"][0]["content"]
+
+
 # ============================================================================= the matrix
 
 
 MATRIX_TARGETS = ["retail", "airline", "telecom", "mock", "toolsandbox", "example"]
+#: The pairs of the matrix whose target lacks a tool the family needs.
+UNSUPPORTED = {"escalation_judgement": ("toolsandbox",)}
+
+
+@pytest.mark.parametrize("name", MATRIX_TARGETS)
+def test_a_family_is_unsupported_only_where_the_target_lacks_its_tools(name):
+    t = target(name)
+    for f in FAMILIES:
+        if name in UNSUPPORTED.get(f.slug, ()):
+            with pytest.raises(Unsupported, match="it needs a tool that transfers the user to a human"):
+                plan(f, t)
+        else:
+            plan(f, t)
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +465,10 @@ def matrix_results(tmp_path_factory):
         name, f, t = job
         folder = out / f"{name}_{f.slug}"
         folder.mkdir()
-        src, _ = synthesize_template(f.name, f, t)
+        try:
+            src, _ = synthesize_template(f.name, f, t)
+        except Unsupported as e:
+            return (name, f.slug), (str(e), 0.0)
         (folder / "env.py").write_text(src)
         t0 = time.perf_counter()
         report = audit(folder, target=t, settings=GateSettings(seeds=20), write_report=False)
@@ -353,6 +484,9 @@ def test_matrix_every_family_on_every_target_is_accepted(matrix_results, name, f
     if name != "example" and not (TARGETS / SHARED_TARGETS[name]).is_dir():
         pytest.skip(f"{TARGETS / SHARED_TARGETS[name]} is absent")
     report, seconds = matrix_results[(name, family)]
+    if isinstance(report, str):
+        assert name in UNSUPPORTED.get(family, ()), report
+        pytest.skip(report)
     errors = [f"{f.check}: {f.message}" for f in report.findings if f.severity == "error"]
     assert report.verdict == "accept", errors
     scores = report.stats["mean_score"]

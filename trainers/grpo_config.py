@@ -15,7 +15,7 @@ class GRPOConfig(Settings):
 
     # the adapter
     lora_rank: int = setting(32, "LoRA rank (paper: 32; the official code uses 16).", low=1)
-    lora_alpha: int | None = setting(None, "LoRA alpha; scale = alpha / rank (None: 2 × lora_rank).",
+    lora_alpha: int | None = setting(None, "LoRA alpha; scale = alpha / rank (unset: 2 × rank).",
                                      low=1)
     lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps rollouts and the loss deterministic).",
                                   low=0, high=1)
@@ -27,7 +27,7 @@ class GRPOConfig(Settings):
                               "one has no advantage: its reward equals its mean.", low=2)
     iterations: int = setting(40, "Training iterations (paper: 40, i.e. 640 rollouts).", low=1)
     max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
-    max_turns: int | None = setting(None, "Most policy turns per episode (None: the env's own "
+    max_turns: int | None = setting(None, "Most policy turns per episode (unset: the env's own "
                                     "max_turns).", low=1)
     max_context_tokens: int = setting(4096, "An episode whose context would exceed this is "
                                       "truncated.", low=1)
@@ -54,9 +54,9 @@ class GRPOConfig(Settings):
     seed: int = setting(0, "Seeds LoRA init and rollout sampling (env seeds come from "
                         "first_env_seed).")
     first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
-    threads: int | None = setting(None, "torch threads (None: torch's default).", low=1, high=256)
+    threads: int | None = setting(None, "torch threads (unset: torch's default).", low=1, high=256)
     device: str = setting("cpu", "'cpu', 'cuda', 'cuda:1', ...")
-    pool_size: int | None = setting(None, "Warm sandboxes (None: one per rollout of an iteration, "
+    pool_size: int | None = setting(None, "Warm sandboxes (unset: one per rollout of an iteration, "
                                     "at most 16).", low=1)
     backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
     call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)

@@ -148,9 +148,10 @@ def check_evidence(t: Trajectory, turn: Any, quote: Any) -> str | None:
     return None
 
 
-def _prepare(obj: Any, names: Sequence[str], t: Trajectory) -> Any:
+def _prepare(obj: Any, names: Sequence[str], t: Trajectory, last: dict) -> Any:
     """Map label spellings and name case onto the canonical ones, then check every PRESENT or
-    LACKING label's quote against the trajectory (ValueError: asked again)."""
+    LACKING label's quote against the trajectory (ValueError: asked again). ``last`` keeps the
+    mapped reply, so that its labels with checked evidence survive a reply that stays faulty."""
     if not isinstance(obj, dict):
         return obj
     raw = obj.get("labels")
@@ -171,6 +172,7 @@ def _prepare(obj: Any, names: Sequence[str], t: Trajectory) -> Any:
             if problem:
                 problems.append(f"{name}: {problem}")
         labels[name] = entry
+    last["labels"] = labels
     if problems:
         raise ValueError("evidence not found: " + "; ".join(problems) + " (quote words exactly as "
                          "they appear in the numbered turn)")
@@ -281,14 +283,15 @@ class LLMLabeller:
             user = (f"Capabilities:\n{_listing(caps)}\n\n{text}\n\nThe rule-based labels to check:\n"
                     f"{rules}")
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        last: dict = {}
         obj, problem = self.client.chat_json(messages, labelling_schema(names),
                                              repairs=self.config.max_repairs,
-                                             prepare=lambda o: _prepare(o, names, t),
+                                             prepare=lambda o: _prepare(o, names, t, last),
                                              temperature=0.0)
         if problem is not None:
             with self._lock:
                 self.invalid_replies += 1
-        raw = obj.get("labels") if isinstance(obj, dict) else None
+        raw = obj.get("labels") if isinstance(obj, dict) else last.get("labels")
         raw = raw if isinstance(raw, dict) else {}
         out = {}
         for n in names:
@@ -297,10 +300,11 @@ class LLMLabeller:
             checked = lab == NA or (lab in (PRESENT, LACKING)
                                     and check_evidence(t, entry.get("turn"), entry.get("quote")) is None)
             if checked:
-                turn = entry.get("turn") if isinstance(entry.get("turn"), int) else None
-                quote = entry.get("quote") if isinstance(entry.get("quote"), str) else ""
-                out[n] = Verdict(lab, turn, f"{'confirmed' if proposal and proposal[n].label == lab else 'llm'}"
-                                 f": {json.dumps(quote, ensure_ascii=False)}" if quote else "llm: no quote")
+                turn = entry.get("turn") if lab != NA and isinstance(entry.get("turn"), int) else None
+                quote = entry.get("quote") if lab != NA and isinstance(entry.get("quote"), str) else ""
+                who = "confirmed" if proposal and proposal[n].label == lab else "llm"
+                out[n] = Verdict(lab, turn, f"{who}: {json.dumps(quote, ensure_ascii=False)}" if quote
+                                 else f"{who}: not exercised")
             elif proposal is not None:
                 out[n] = proposal[n]
             else:

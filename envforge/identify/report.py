@@ -78,13 +78,15 @@ def plot(result: Identification, path: str | Path) -> Path | None:
                         yerr=[c["runs"]["gap_std"] or 0 for c in pts],
                         fmt="o", color=colour, label=label, capsize=3)
     starred = False
+    at: dict[tuple, list[str]] = {}  # points at the same place share one label
     for c in caps:
         name = c["name"]
         if c.get("er_plus_by_construction"):
             name, starred = name + " (ER+ 0*)", True
         why = grey_reason(c, s, result.warnings)
-        ax.annotate(name + (f"\n{why}" if why else ""), (c["coverage"], c["gap"]), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
+        at.setdefault((c["coverage"], c["gap"]), []).append(name + (f" ({why})" if why else ""))
+    for (x, y), names in at.items():
+        ax.annotate("\n".join(names), (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
     ax.axhline(s["delta"], color="tab:red", ls="--", lw=1, label=f"delta = {s['delta']}")
     ax.axvline(s["rho"], color="tab:blue", ls="--", lw=1, label=f"rho = {s['rho']}")
     ax.set_xlabel("coverage (share of failures where it is LACKING)")

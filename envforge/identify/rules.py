@@ -192,15 +192,19 @@ _DATE_WORDS = re.compile(r"\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a
 _ISO_DATE = re.compile(r"^\d{4}-(\d{2})-(\d{2})$")
 
 
+_SEPARATORS = re.compile(r"[\s_-]+")
+
+
 def _appears(value: Any, text: str) -> bool:
     """``value`` (normalised) occurs in ``text`` (lower-cased): strings as written, ignoring
-    case and spacing; ISO dates also as the user says them ("May 20th", "20 May")."""
+    case, spacing and ``_``/``-`` (``one_way`` for "one-way"); ISO dates also as the user says
+    them ("May 20th", "20 May")."""
     if _is_number(value):
         return True  # numbers are computed, not transcribed: structured data reasoning
     if not isinstance(value, str):
         return True
     v = " ".join(value.lower().split())
-    if not v or v in text or v.replace(" ", "") in text.replace(" ", ""):
+    if not v or v in text or _SEPARATORS.sub(" ", v) in _SEPARATORS.sub(" ", text):
         return True
     if m := _ISO_DATE.match(v):
         month, day = int(m[1]), int(m[2])
@@ -212,6 +216,17 @@ def _appears(value: Any, text: str) -> bool:
 
 
 _TOKEN = re.compile(r"[a-z0-9][a-z0-9_.@'-]*[a-z0-9]")
+
+
+_NAME_KEY = re.compile(r"(^|[._])(id|name|first_name|last_name|email|dob|date|phone|zip|number)$|_ids?$")
+
+
+def _identifier(path: str, value: str) -> bool:
+    """A value copied rather than composed: an id, a name, an email, a date (by its argument's
+    name, or holding a digit, ``_`` or ``@``) of at most three words; free text (a title, a
+    reason, a summary) is the agent's own wording."""
+    key = re.sub(r"\[\d+\]", "", path)
+    return len(value.split()) <= 3 and (bool(_NAME_KEY.search(key)) or bool(re.search(r"[\d_@]", value)))
 
 
 def _near_miss(value: str, text: str) -> str | None:
@@ -273,13 +288,14 @@ def _cost(e: dict, c: Call) -> float:
     return 100 * other_entity + len(diffs(_compared(e), c.arguments)) + 0.5 * c.error
 
 
-def write_pairs(v: View) -> list[tuple[dict, Call]]:
-    """Expected writes paired with the agent's calls of the same tool by a minimum-cost
-    assignment (entity ids first, then arguments), not in order; unpaired ones are left out."""
+def write_pairs(v: View, accepted: bool = False) -> list[tuple[dict, Call]]:
+    """Expected writes paired with the agent's calls of the same tool (``accepted``: only those
+    the tool did not refuse) by a minimum-cost assignment (entity ids first, then arguments),
+    not in order; unpaired ones are left out."""
     pairs = []
     for name in dict.fromkeys(e["name"] for e in v.expected_writes):
         exp = [e for e in v.expected_writes if e["name"] == name]
-        acts = [c for c in v.calls if c.name == name]
+        acts = [c for c in v.calls if c.name == name and not (accepted and c.error)]
         pairs += [(exp[i], acts[j]) for i, j in _assign([[_cost(e, c) for c in acts] for e in exp])]
     return pairs
 
@@ -366,6 +382,34 @@ def _exempt(rec: dict) -> bool:
     return str(rec.get("cabin", "")).lower() == "business" or str(rec.get("insurance", "")).lower() == "yes"
 
 
+_FORBIDS = re.compile(r"(?:^|[.:;!?\n]|^\W+)\s*(?:[-*]\s*)?([a-z][a-z ]{2,40}?) (flight|ticket|order|"
+                      r"reservation|booking|item|account|line|plan)s? cannot be "
+                      r"(modified|changed|updated|cancel+ed|returned|exchanged|booked)\b", re.M)
+_VERBS = {"modified": {"modify", "update", "change", "edit"}, "changed": {"modify", "update", "change", "edit"},
+          "updated": {"modify", "update", "change", "edit"}, "cancelled": {"cancel"}, "canceled": {"cancel"},
+          "returned": {"return"}, "exchanged": {"exchange"}, "booked": {"book"}}
+
+
+def _forbidden_by_policy(v: View, c: Call, rec: dict) -> str | None:
+    """A rule of the policy of the form "<value> <things> cannot be <done>" ("Basic economy
+    flights cannot be modified") that the record shows applies to this write: a field of the
+    record holds <value> (``basic_economy``), the write's name does <done>, and the write does
+    not itself change that field (a cabin upgrade is not a modification of the flights), and
+    the write is about those <things> (its name or an argument names them: changing the
+    passengers of a basic economy reservation is allowed)."""
+    words = set(c.name.lower().split("_"))
+    about = words | {k.lower() for k in c.arguments}
+    for m in _FORBIDS.finditer(v.policy):
+        subject, noun, verb = " ".join(m[1].split()), m[2], m[3]
+        if not words & _VERBS.get(verb, set()) or not {noun, noun + "s"} & about:
+            continue
+        for k, x in rec.items():
+            if (isinstance(x, str) and _SEPARATORS.sub(" ", x.lower()).strip() == subject
+                    and c.arguments.get(k, x) == x):
+                return f"the policy says {subject} {noun}s cannot be {verb}; the record showed {k}={x!r}"
+    return None
+
+
 def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]:
     """Why write ``c`` was not allowed by what the agent had read (a LACKING verdict), or None;
     and the read that showed its entity (None when there was none or no entity)."""
@@ -395,6 +439,8 @@ def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]
             return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} booked {rec['created_at']}, "
                            f"more than {window[1]} hours before now ({window[0]}; turn "
                            f"{p.result_index}): outside the policy's window"), p
+    if forbidden := _forbidden_by_policy(v, c, rec):
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} (turn {p.result_index}): {forbidden}"), p
     if c.error and _STATE_ERROR.search(c.result or ""):
         return Verdict(LACKING, c.result_index, f"{c.name} on {_quote(ent)} refused: "
                        f"{_quote((c.result or '').strip(), 100)}"), p
@@ -479,7 +525,8 @@ def rule_argument_precision(v: View) -> Verdict:
                     return Verdict(LACKING, c.index, f"{c.name} {path}={_quote(act)}, which appears "
                                    f"nowhere before; {_quote(exp)} does")
         for path, x in leaves(c.arguments):
-            if isinstance(x, str) and not _appears(x, seen) and (tok := _near_miss(x, seen)):
+            if (isinstance(x, str) and _identifier(path, x) and not _appears(x, seen)
+                    and (tok := _near_miss(x, seen))):
                 return Verdict(LACKING, c.index, f"{c.name} {path}={_quote(x)}, a slip of "
                                f"{_quote(tok)} seen earlier")
     return Verdict(PRESENT, writes[0].index, f"{len(writes)} write(s); every value was given earlier "
@@ -538,20 +585,49 @@ def _confirmed(messages: list[dict], index: int) -> bool:
     return False
 
 
+_CONFIRM_ALL = re.compile(r"before taking any actions?|any actions? that (?:update|change|modif)|"
+                          r"before (?:any|each|every) (?:write|change|update|state)|"
+                          r"obtain (?:explicit )?(?:user )?confirmation|explicit (?:user )?confirmation")
+_CONFIRM_PRICE = re.compile(r"confirm (?:the )?(?:price|cost|charge|amount|fee)")
+_PAID = re.compile(r"pay|charge|purchase|buy|refuel|plan|upgrade|book|order|fee|bill")
+
+
+def confirmation_scope(policy: str) -> str | None:
+    """What the policy asks the user to confirm: ``"all"`` writes (airline, retail: "obtain
+    explicit user confirmation (yes)"), ``"paid"`` changes only (telecom: "Confirm the price"),
+    or None (it never says confirm). An unknown policy (none given) asks for all."""
+    if not policy.strip() or _CONFIRM_ALL.search(policy):
+        return "all"
+    if _CONFIRM_PRICE.search(policy):
+        return "paid"
+    return "all" if "confirm" in policy else None
+
+
+def _paid(c: Call) -> bool:
+    """A write that costs the user: it carries an amount, or its name says so."""
+    return bool(_PAID.search(c.name.lower())) or any(_is_number(x) for _, x in leaves(c.arguments))
+
+
 def rule_confirmation_before_write(v: View) -> Verdict:
     """Confirmation before write: the user explicitly agreed before each state change.
 
     A write is confirmed when the last user message before it affirms (yes, confirm, proceed,
     go ahead, ...; not starting with "no") and answers an assistant message that asked (a
-    question mark, "confirm" or "proceed"). LACKING when any write is unconfirmed; PRESENT when
-    all are; NA when the agent made no write, or the policy is known (the target's or the system
-    prompt) and never asks for confirmation.
+    question mark, "confirm" or "proceed"). Which writes need it comes from the policy (the
+    target's or the system prompt; see :func:`confirmation_scope`): all of them, the paid ones,
+    or none. LACKING when any write that needs it is unconfirmed; PRESENT when all are; NA when
+    the agent made no write that needed one.
     """
     writes = v.writes
     if not writes:
         return Verdict(NA, None, "no write")
-    if v.policy.strip() and "confirm" not in v.policy:
+    scope = confirmation_scope(v.policy)
+    if scope is None:
         return Verdict(NA, None, "the policy asks for no confirmation")
+    if scope == "paid":
+        writes = [c for c in writes if _paid(c)]
+        if not writes:
+            return Verdict(NA, None, "the policy asks for confirmation of paid changes only; none was made")
     for c in writes:
         if not _confirmed(v.messages, c.index):
             return Verdict(LACKING, c.index, f"{c.name} without an explicit yes to a question first")
@@ -564,8 +640,10 @@ def rule_policy_adherence(v: View) -> Verdict:
     Pairs the agent's accepted writes with the task's expected writes (see
     :func:`write_pairs`). LACKING when an accepted write is left over (a change the policy
     forbids, one nobody asked for, a second booking) and the entity's state does not explain it
-    (that one is precondition verification's: one root cause, one label); PRESENT when every accepted write was
-    expected, including a task that expected none and an agent that refused; NA when the
+    (that one is precondition verification's: one root cause, one label); LACKING too when an
+    accepted write on the expected entity made another choice than the task's (another
+    destination, cabin, payment method; not an amount, not a slip); PRESENT when every accepted
+    write was expected as made, including a task that expected none and an agent that refused; NA when the
     expected actions are unknown or the agent changed nothing although the task expected a
     change (see action completion). Reads the expected actions.
     """
@@ -575,32 +653,55 @@ def rule_policy_adherence(v: View) -> Verdict:
     if not made:
         return (Verdict(NA, None, "no change made; the task expected some") if v.expected_writes
                 else Verdict(PRESENT, None, "no change made, and none was expected"))
-    paired = {id(c) for _, c in write_pairs(v)}
+    pairs = write_pairs(v, accepted=True)
+    paired = {id(c) for _, c in pairs}
     extra = [c for c in made if id(c) not in paired and precondition_problem(v, c)[0] is None]
     if extra:
         c = extra[0]
         return Verdict(LACKING, c.index, f"{c.name}({_quote(c.arguments, 80)}) is a change the task "
                        "did not call for")
+    for e, c in pairs:
+        if entity(e.get("arguments") or {}) != entity(c.arguments):
+            continue
+        seen = v.seen_before(c.index)
+        for path, exp, act in diffs(_compared(e), c.arguments):
+            if _is_number(exp) and _is_number(act):
+                continue  # the same choice, another amount: structured data reasoning
+            if act is _MISSING or (isinstance(act, str) and not _appears(act, seen)):
+                continue  # left out, or a slip: argument precision
+            return Verdict(LACKING, c.index, f"{c.name} on {_quote(entity(c.arguments))}: chose "
+                           f"{path}={_quote(act)} where the task called for {_quote(exp)}")
     return Verdict(PRESENT, made[0].index, f"all {len(made)} change(s) were called for")
 
 
 def rule_action_completion(v: View) -> Verdict:
-    """Action completion: every write the task expected is made.
+    """Action completion: every change the task called for, and the record allowed, is made.
 
-    LACKING when an expected write has no accepted call of that tool paired with it (the agent
-    stopped early, gave up, or transferred instead); PRESENT when all were made; NA when the
-    expected actions are unknown or hold no write. Reads the expected actions.
+    The expected writes say what was called for; each is paired with an accepted call (see
+    :func:`write_pairs`). LACKING when one has none (the agent stopped early, gave up, only
+    promised, or transferred instead), unless what the agent read of its entity forbade it
+    (the same checks as precondition verification: then refusing was right, NA for it).
+    PRESENT when all owed changes were made; NA when the expected actions are unknown, hold no
+    write, or every missing one was rightly refused. Reads the expected actions.
     """
     if not v.expected_writes:
         return Verdict(NA, None, "the task expected no change (or is unknown)")
-    made = {id(c) for _, c in write_pairs(v) if not c.error}
-    paired = {id(e) for e, c in write_pairs(v) if id(c) in made}
-    missing = [e for e in v.expected_writes if id(e) not in paired]
-    if missing:
-        last = max((i for i, m in enumerate(v.messages) if m.get("role") == "assistant"), default=None)
-        return Verdict(LACKING, last, f"never made {missing[0]['name']}"
-                       f"({_quote(missing[0].get('arguments'), 80)})")
-    return Verdict(PRESENT, None, f"made all {len(v.expected_writes)} expected change(s)")
+    paired = {id(e) for e, _ in write_pairs(v, accepted=True)}
+    end = max((i for i, m in enumerate(v.messages) if m.get("role") == "assistant"), default=None)
+    owed = 0
+    for e in v.expected_writes:
+        if id(e) in paired:
+            owed += 1
+            continue
+        # would the agent's own reads have allowed this change at the end of the conversation?
+        probe = Call(len(v.messages), "", e["name"], e.get("arguments") or {}, "write")
+        problem, read = precondition_problem(v, probe)
+        if problem is not None and read is not None:
+            continue  # the record it read forbade the change: not owed
+        return Verdict(LACKING, end, f"never made {e['name']}({_quote(e.get('arguments'), 80)})")
+    if not owed:
+        return Verdict(NA, None, "every expected change was one the records read forbade")
+    return Verdict(PRESENT, None, f"made the {owed} owed change(s)")
 
 
 _TOLD = re.compile(r"\b(unable|not able|can't|cannot|could not|couldn't|not possible|unfortunately|"

@@ -566,7 +566,7 @@ class BaseEnv:
                 return "Error: {} {} not found.".format(NOUN, json.dumps(args.get(KEY))), None
             return self._on_write(args, rec)
         if kind == "escalation":
-            return "Transfer successful. A human agent will take over the conversation.", "transfer"
+            return self._on_transfer(args)
         if kind == "lookup":
             return self._lookup(args, role), None
         if kind == "listing":
@@ -661,6 +661,9 @@ class BaseEnv:
 
     def _on_write(self, args, rec):
         return "Done.", "write"
+
+    def _on_transfer(self, args):
+        return "Transfer successful. A human agent will take over the conversation.", "transfer"
 
     def _score(self, outcome):
         return 0.0

@@ -78,10 +78,12 @@ def _key(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def match_family(name: str, description: str = "", families: tuple[Family, ...] | None = None) -> Family:
+def match_family(name: str, description: str = "", families: tuple[Family, ...] | None = None,
+                 listing: bool = True) -> Family:
     """The family nearest to a capability: by its name (a family's slug or name matches
     exactly; else keyword stems in the name, then in the description). Raises UsageError
-    listing the families when nothing matches."""
+    when nothing matches, listing the families when ``listing`` (a batch's rows do not repeat
+    the list)."""
     families = FAMILIES if families is None else families
     key = _key(name)
     for f in families:
@@ -93,6 +95,10 @@ def match_family(name: str, description: str = "", families: tuple[Family, ...] 
     name_hits = _score(name, best[2])
     if best[0] > 0 and (name_hits > 0 or best[0] >= 2) and best[0] > second[0]:
         return best[2]
+    if not listing:
+        raise UsageError(f"capability {name!r} matches none of the template synthesizer's "
+                         f"{len(families)} families (envforge synth -c {name!r} lists them); use "
+                         "--llm openai, which takes any capability")
     raise UsageError(f"capability {name!r} matches none of the template synthesizer's families; "
                      f"name one of: {family_list(families)} (or use --llm openai, which takes any "
                      "capability)")
