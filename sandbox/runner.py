@@ -518,19 +518,21 @@ def serve(channel, runner):
     is left shows on the runner's CPU clock, read after each reply and as the next request
     arrives: over IDLE_CPU_S in between ends the sandbox, said on stderr, exit status IDLE_EXIT.
     (Signals are not re-blocked per call: signal.pthread_sigmask costs hundreds of µs here.)"""
-    answer, reply, cpu = runner.answer, channel.reply, time.process_time
+    # locals, bound before any env code runs: env code can rebind the module's names, not these
+    answer, reply, cpu, limit = runner.answer, channel.reply, time.process_time, IDLE_CPU_S
+    write, exit_, clear_hooks = os.write, os._exit, gc.callbacks.clear
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     idle_since = cpu()
     for line in channel.requests():
         idle = cpu() - idle_since
-        if idle > IDLE_CPU_S:
-            os.write(2, f"runner: env code used {idle:.2f} CPU seconds between calls; "
-                        "the sandbox stops\n".encode())
-            os._exit(IDLE_EXIT)
+        if idle > limit:
+            write(2, f"runner: env code used {idle:.2f} CPU seconds between calls; "
+                     "the sandbox stops\n".encode())
+            exit_(IDLE_EXIT)
         text = answer(line)[0]
         sys.settrace(None)
         sys.setprofile(None)
-        gc.callbacks.clear()
+        clear_hooks()
         reply(text)
         idle_since = cpu()
 

@@ -273,6 +273,24 @@ def test_cpu_burned_between_calls_ends_the_sandbox(attack):
     assert sb.closed
 
 
+def test_the_host_sees_cpu_burned_between_calls_whatever_the_runner_says(attack):
+    """The runner's own check lives where env code can reach it; the host's does not: env code
+    that also turns the runner's check off (its module's limit set to infinity, its waiting
+    code patched to burn) is still caught, from /proc, at the next call after an idle spell.
+    (Docker has no such outside check: reading a container's CPU through the engine takes
+    about a second; the runner's check, bound before env code runs, is what applies there.)"""
+    if attack.layer == "docker":
+        pytest.skip("no host-side idle check on Docker (see the docstring)")
+    sb = attack(env_with(step="import sys\nsys.modules['__main__'].IDLE_CPU_S = float('inf')\n"
+                              + IDLE_BURN + returning("{}")), call_timeout_s=5.0)
+    go(sb)
+    time.sleep(0.6)
+    with pytest.raises(SandboxCrashed, match=r"^ping: the sandbox used \d+\.\d\d CPU seconds "
+                                             "between calls"):
+        sb.ping()
+    assert sb.closed
+
+
 # --------------------------------------------------------------------------- Docker: stderr
 
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
