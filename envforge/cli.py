@@ -299,10 +299,10 @@ def sandbox_doctor(as_json, clean):
     """
     from rich.table import Table
 
+    strays = _clean_strays() if clean else None  # first: a Docker probe would reap them unseen
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
-    strays = _clean_strays() if clean else None
     if as_json:
         emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:
