@@ -5,6 +5,10 @@ tests/openai_server.py answering after a fixed latency.
 Expected: one labelling call per trajectory (TRACE would make 680 x candidates), zero calls on a
 cached re-run, and wall time close to calls x latency / concurrency.
 
+Also the structural labeller's own speed: the real runs of ../shared/trajectories (when present)
+repeated to 680 trajectories, labelled by the rules (8 capabilities each), milliseconds per
+trajectory.
+
     .venv/bin/python benchmarks/bench_identify.py [--latency 0.5] [--concurrency 16 32]
 
 Prints a Markdown table and writes benchmarks/results/bench_identify.json.
@@ -69,7 +73,10 @@ def responder(body: dict) -> str:
     labels = {}
     for n, _ in CANDIDATES:
         p_lacking = 0.7 if fail and n == "precondition verification" else 0.2
-        labels[n] = "LACKING" if rng.random() < p_lacking else rng.choice(["PRESENT", "NA"])
+        lab = "LACKING" if rng.random() < p_lacking else rng.choice(["PRESENT", "NA"])
+        # the rubric's evidence: a turn and a quote from it (turn 0 is the user's request)
+        labels[n] = {"label": lab, "turn": None if lab == "NA" else 0,
+                     "quote": None if lab == "NA" else "Please cancel reservation"}
     return json.dumps({"labels": labels})
 
 
@@ -96,9 +103,9 @@ def one(ts, latency: float, concurrency: int, runs: int, cache: Path) -> list[di
     try:
         for attempt in ("cold", "cached re-run"):
             client = LLMClient("bench-model", base_url=url, api_key="sk-bench", cache_dir=cache)
-            cfg = IdentifyConfig(labeler="llm", model="bench-model", runs=runs, concurrency=concurrency)
+            cfg = IdentifyConfig(labeller="llm", model="bench-model", runs=runs, concurrency=concurrency)
             start = time.monotonic()
-            report = identify(ts, cfg, client=client)
+            report = identify(ts, cfg, client=client).to_dict()
             wall = time.monotonic() - start
             stop.put("log" if attempt == "cold" else "stop")
             kinds = logs.get(timeout=60)
@@ -118,6 +125,22 @@ def one(ts, latency: float, concurrency: int, runs: int, cache: Path) -> list[di
     return rows
 
 
+def structural_speed(n: int) -> dict | None:
+    """The rules over the real runs in ../shared/trajectories, repeated to ``n`` trajectories."""
+    from envforge.identify import label_structural
+    from envforge.trajectories import load_trajectories
+    shared = ROOT.parent / "shared" / "trajectories"
+    if not shared.is_dir():
+        return None
+    real = load_trajectories(shared)
+    ts = (real * (n // len(real) + 1))[:n]
+    start = time.perf_counter()
+    label_structural(ts)
+    wall = time.perf_counter() - start
+    return {"trajectories": n, "distinct": len(real), "wall_s": round(wall, 3),
+            "ms_per_trajectory": round(1000 * wall / n, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=680)
@@ -128,6 +151,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--runs", type=int, default=10, help="identify runs (discovery rounds)")
     args = ap.parse_args()
+    structural = structural_speed(args.trajectories)
+    if structural:
+        print(f"structural labeller: {structural['trajectories']} trajectories in "
+              f"{structural['wall_s']} s ({structural['ms_per_trajectory']} ms each)")
     ts = trajectories(args.trajectories, args.successes)
     rows = []
     for c in args.concurrency:
@@ -142,7 +169,8 @@ def main() -> None:
     print(f"kept (same in every run): {rows[0]['kept']}")
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_identify.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "bench_identify.json").write_text(json.dumps({"llm": rows, "structural": structural},
+                                                        indent=2) + "\n")
 
 
 if __name__ == "__main__":

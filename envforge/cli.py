@@ -1,24 +1,68 @@
 """The command line: parse, call one library function, print, map errors to exit codes.
 
-Exit codes: 0 success, 1 a run failed or an input was bad (an env rejected, a file unreadable),
-2 usage error, 130 interrupted. Heavy modules are imported inside the commands.
+Exit codes, the same for every command (docs/configuration.md):
+
+- 0: done, and the answer is yes (every env accepted, calibrated, ...);
+- 1: the work ran and the answer is no (an env rejected, a calibration target missed), or it
+  failed on the way (a sandbox, the model, an LLM endpoint);
+- 2: what was asked cannot be done as given: an option or argument is wrong, or a file or folder
+  it names is missing, unreadable or malformed (checked before any long work where it can be);
+- 130: interrupted (Ctrl-C); what was finished is kept and a re-run resumes.
+
+The options that set a stage's config are built from the config's fields (``option``), so a
+default, a help text and a bound are written once, in the config dataclass; a bound broken on
+the command line is reported under the flag the user typed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from envforge import __version__
-from envforge.errors import EnvforgeError, UsageError
+from envforge import identify as ident
+from envforge import synth as S
+from envforge.contract import Limits
+from envforge.errors import ConfigError, EnvforgeError, InputError, UsageError
+from envforge.gate import audit as run_audit, resolve_env
+from envforge.gate.config import GateSettings
+from envforge.settings import default_of, field_of
+from envforge.synth.config import SynthConfig
+from envforge.targets import load_target
+from envforge.trajectories import load_trajectories
+from sandbox.base import diagnose
+from sandbox.docker import build_image
+from trainers.calibrate import CalibrationConfig
+from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
+from trainers.grpo_config import GRPOConfig
+
+BACKENDS = ("auto", "process", "docker")  # the sandboxes a command line may ask for
+
+
+class Command(click.Command):
+    """A command whose config errors name the flag that sets the setting."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            flag = next((p.opts[0] for p in self.params
+                         if getattr(p, "setting", None) == (e.owner, e.field)), None)
+            if flag is None:
+                raise
+            raise UsageError(f"{flag} {e.problem}") from None
 
 
 class Group(click.Group):
     """Turns envforge's errors into one clear line and the right exit code, never a traceback;
     lists the commands in the pipeline's order."""
 
+    command_class = Command
+    group_class = type  # sub-groups are Groups too
     ORDER = ("demo", "identify", "synth", "audit", "sandbox", "calibrate", "train", "route", "eval")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -34,6 +78,45 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+class SettingOption(click.Option):
+    """An option that sets one field of a config dataclass (``setting``: class name, field)."""
+
+    def __init__(self, *args: Any, setting: tuple[str, str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.setting = setting
+
+
+def option(cls: type, name: str, *decls: str, **kwargs: Any):
+    """A click option for setting NAME of config class CLS: its default and help are the field's
+    (``--name-with-dashes`` unless DECLS say otherwise); the command gets it as NAME. The field's
+    bounds are checked when the config is built (``settings``), not by click."""
+    f = field_of(cls, name)
+    default = kwargs.pop("default", default_of(cls, name))
+    if "type" not in kwargs and not kwargs.get("is_flag") and not any("/" in d for d in decls):
+        choices = f.metadata.get("choices")
+        kind = str(f.type)
+        kwargs["type"] = (click.Choice(choices) if choices else click.FLOAT if "float" in kind
+                          else click.INT if "int" in kind else click.STRING)
+    kwargs.setdefault("help", f.metadata.get("help", ""))
+    kwargs.setdefault("show_default", default is not None and not kwargs.get("is_flag"))
+    return click.option(*(decls or ("--" + name.replace("_", "-"),)), name, cls=SettingOption,
+                        setting=(cls.__name__, name), default=default, **kwargs)
+
+
+def settings(cls: type, kwargs: dict, **extra: Any):
+    """CLS built from the command's arguments named after its fields (taken out of KWARGS)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: kwargs.pop(k) for k in list(kwargs) if k in names}, **extra)
+
+
+def backend_option(help: str = "Sandbox the env runs in (auto: process, else docker)."):
+    return click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+                        help=help)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 
 
 @click.group(cls=Group)
@@ -52,6 +135,27 @@ def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+def out_folder(path: str | Path, flag: str) -> Path:
+    """The output folder PATH, made now, so that a file in its place is a usage error before any
+    work rather than a traceback after it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder (made when missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot make this folder ({e.strerror})") from None
+    return p
+
+
+def _target(spec: str):
+    """The target a --target names (exit 2 when it is missing or malformed)."""
+    if spec != "example" and not Path(spec).exists():
+        raise UsageError(f"--target {spec}: no such folder or file; give a target folder (holding "
+                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
+    return load_target(spec)
+
+
 # ----------------------------------------------------------------------------- audit
 # (the gate: see envforge/gate)
 
@@ -60,53 +164,34 @@ def emit_json(data: object) -> None:
 @click.option("--target", "-t", help="Target folder, tool-schema JSON file, or 'example'. "
               "Default: the target named in each env's manifest.json.")
 @click.option("--static-only", is_flag=True, help="Run only the static audit and schema fidelity (no code runs).")
-@click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
-              show_default=True, help="Sandbox for the dynamic checks (auto: process, else docker).")
-@click.option("--seeds", type=click.IntRange(2, 10_000), default=50, show_default=True,
-              help="Seeds per dynamic property.")
-@click.option("--call-timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
-              help="Seconds one reset/step/solve call may take.")
-@click.option("--memory-mb", type=click.IntRange(256, 1 << 20), default=1024, show_default=True,
-              help="Address-space limit of the sandboxed env process, MiB.")
-@click.option("--budget", type=click.FloatRange(1, 86_400), default=120.0, show_default=True,
-              help="Seconds the dynamic checks of one env may take in all.")
+@backend_option("Sandbox for the dynamic checks (auto: process, else docker).")
+@option(GateSettings, "seeds")
+@option(Limits, "call_timeout_s", "--call-timeout")
+@option(Limits, "memory_mb", "--memory-mb")
+@option(GateSettings, "budget_s", "--budget")
+@option(GateSettings, "probe_seed")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-def audit(paths, target, static_only, backend, seeds, call_timeout, memory_mb, budget, no_report, as_json):
+@json_option
+def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     """Audit env folders (or env.py files): static safety, schema fidelity, dynamic properties.
 
     Exit 0 when every env is accepted, 1 when any is rejected, 2 on usage errors.
     """
-    from envforge.contract import Limits
-    from envforge.gate import audit as run_audit, resolve_env
-    from envforge.gate.dynamic import GateSettings
-
+    gate = settings(GateSettings, kwargs, limits=settings(Limits, kwargs))
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
     tgt = _target(target) if target else None
-    settings = GateSettings(seeds=seeds, budget_s=budget,
-                            limits=Limits(call_timeout_s=call_timeout, memory_mb=memory_mb))
     reports = []
     for p in paths:
         with _status(f"auditing {p}", quiet=as_json) as status:
             reports.append(run_audit(p, target=tgt, static_only=static_only, backend=backend,
-                                     settings=settings, write_report=not no_report,
+                                     settings=gate, write_report=not no_report,
                                      progress=lambda s, p=p: status(f"auditing {p}: {s}")))
         if not as_json:
             _print_report(reports[-1])
     if as_json:
         emit_json({"results": [r.to_dict() for r in reports]})  # each as its report.json
     sys.exit(0 if all(r.accepted for r in reports) else 1)
-
-
-def _target(spec: str):
-    """The --target of audit, identify and synth: one that does not exist is a usage error
-    (exit 2); one that exists but is malformed is a TargetError (exit 1)."""
-    from envforge.targets import load_target
-    if spec != "example" and not Path(spec).exists():
-        raise UsageError(f"--target {spec}: no such folder or file; give a target folder (holding "
-                         "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'")
-    return load_target(spec)
 
 
 class _status:
@@ -155,6 +240,8 @@ def _print_report(report) -> None:
                   f"{report.stats.get('distinct_scenarios')}; {timing}", highlight=False)
     else:
         out.print(f"  {timing}", highlight=False)
+    if report.stats.get("report_json"):
+        out.print(f"  report.json {report.stats['report_json']}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- sandbox
@@ -170,50 +257,73 @@ def sandbox_group() -> None:
               "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
 def sandbox_build(base):
     """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
-    from sandbox.docker import build_image
-
     with _status("building the sandbox image") as status:
         tag = build_image(base=base, progress=status)
     click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
 
 
 @sandbox_group.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-def sandbox_doctor(as_json):
-    """Say which sandbox backends work on this machine, and why not (with the fix).
+@json_option
+@click.option("--clean", is_flag=True, help="Also remove stray Docker sandbox containers (their "
+              "owner is gone, or they stopped over a minute ago), listing each.")
+def sandbox_doctor(as_json, clean):
+    """Say which sandbox backends work on this machine, and why not (with the fix); for each
+    that works, what holds env code in it, seen from inside a sandbox (uid, capabilities,
+    seccomp, threads and processes, TIOCSTI, F_SETOWN, io_uring, CPU).
 
     Exit 0 when at least one backend works, 1 when none does.
     """
     from rich.table import Table
 
-    from sandbox.base import diagnose
-
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
+    strays = _clean_strays() if clean else None
     if as_json:
-        emit_json({"backends": rows})
+        emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:
         table = Table()
         table.add_column("backend", style="bold", no_wrap=True)
         table.add_column("works", no_wrap=True)
         table.add_column("how it isolates, or why not and the fix", overflow="fold")
         for r in rows:
+            inside = r.get("containment")
             table.add_row(r["backend"], "[green]yes[/green]" if r["ok"] else "[red]no[/red]",
-                          r["detail"])
+                          r["detail"] + (f"\n[bold]inside:[/bold] {inside['words']}"
+                                         if inside else ""))
         console().print(table)
+        if clean:
+            for stray in strays:
+                click.echo(f"{'removed' if stray['removed'] else 'could not remove'} stray "
+                           f"container {stray['id'][:12]} ({stray['state']}, {stray['why']}; "
+                           f"owner {stray['owner'] or 'unknown'})")
+            if not strays:
+                click.echo("no stray sandbox containers")
     sys.exit(0 if usable else 1)
 
 
+def _clean_strays() -> list[dict]:
+    """Remove the Docker engine's stray sandbox containers; what was found (none without an
+    engine: said on stderr)."""
+    from envforge.errors import SandboxUnavailable
+    from sandbox.docker import DockerBackend
+    try:
+        return DockerBackend().clean()
+    except SandboxUnavailable as e:
+        click.echo(f"no Docker engine to clean: {e}", err=True)
+        return []
+
+
 # ----------------------------------------------------------------------------- identify
-# (capability identification: see envforge/identify.py)
+# (capability identification: see envforge/identify)
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
               default="auto", show_default=True, help="Trajectory file format (auto: by content).")
-@click.option("--labeler", type=click.Choice(["structural", "llm"]), default="structural",
-              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model.")
+@click.option("--labeler", type=click.Choice(["structural", "llm", "hybrid"]), default="structural",
+              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model "
+              "discovers and labels; hybrid: the rules' labels and evidence, confirmed by the model.")
 @click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
               "Default: read/write from tool names.")
 @click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
@@ -221,65 +331,65 @@ def sandbox_doctor(as_json):
               "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
 @click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
 @click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
+@click.option("--min-group", type=int, help="Fewer successes or failures than this: retain "
+              "nothing and warn (default 5).")
 @click.option("--success-threshold", type=float, default=1.0, show_default=True,
               help="A trajectory succeeds when its reward is at least this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
 @click.option("--out", "-o", default="capabilities.json", show_default=True,
               help="Where to write the result (what 'envforge synth --from' reads).")
+@click.option("--labels-out", help="Also write one JSON line per trajectory: its labels and the "
+              "evidence for each (turn, why), in input order.")
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--model", help="LLM labeller: the model the endpoint serves "
+@json_option
+@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
               "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
 @click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
 @click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
 @click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
 @click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
-def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, success_threshold, seed,
-             out, plot_path, no_plot, as_json, model, concurrency, rate_limit, cache_dir, no_cache):
+def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group, success_threshold,
+             seed, out, labels_out, plot_path, no_plot, as_json, model, concurrency, rate_limit,
+             cache_dir, no_cache):
     """Find the capabilities an agent lacks by contrasting its successes and failures.
 
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
     files, or folders of them. Writes capabilities.json and a plot; prints a table.
     """
-    from pathlib import Path
+    from envforge.identify import report
 
-    from envforge import identify as ident
-    from envforge.errors import InputError
-    from envforge.trajectories import load_trajectories
-
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho,
+    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
              "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
     config = ident.IdentifyConfig(
-        labeler=labeler, success_threshold=success_threshold, seed=seed, model=model,
+        labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
         cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
         **{k: v for k, v in given.items() if v is not None})
-    if labeler == "llm" and not model:
-        raise click.UsageError("--labeler llm needs --model (the model your endpoint serves)")
-    meta = None
-    if target:
-        meta = _target(target).meta
+    if labeler != "structural" and not model:
+        raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
+    tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
-    report = ident.identify(trajectories, config, meta=meta)
-    try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{out}: cannot write the result ({e.strerror})") from None
+    result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
+                            policy=tgt.policy if tgt else None)
+    result.write(out)
+    if labels_out:
+        result.write_labels(labels_out)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = ident.plot(report, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
     if as_json:
-        emit_json(report)
+        emit_json(result.to_dict())
         return
     con = console()
-    con.print(ident.table(report))
-    kept = [c["name"] for c in report["capabilities"] if c["retained"]]
-    con.print(f"kept {len(kept)}: {', '.join(kept) or 'none'}; wrote {out}"
-                  + (f" and {drawn}" if drawn else ""), highlight=False)
+    con.print(report.table(result))
+    con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
+              + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
+              highlight=False)
 
 
 # ----------------------------------------------------------------------------- synth
@@ -299,76 +409,69 @@ def _price(value: str | None) -> tuple[float, float] | None:
 
 
 @main.command()
+@click.argument("more_trajectories", nargs=-1, metavar="")
 @click.option("--capability", "-c", help="The capability to train, e.g. \"precondition verification\".")
 @click.option("--description", "-d", default="", help="What the capability means (helps the LLM; "
               "also used to find the nearest template family).")
 @click.option("--from", "from_file", help="A capabilities.json from 'envforge identify': synthesize "
               "every retained capability, in parallel.")
 @click.option("--all", "include_all", is_flag=True, help="With --from: also the capabilities not retained.")
-@click.option("--trajectories", multiple=True, help="With --from and a capabilities.json of an older "
-              "identify (without example_trajectories): trajectory files whose failures of the task "
-              "ids it lists give the LLM example trajectories.")
-@click.option("--target", "-t", required=True, help="Target folder, tool-schema JSON file, or 'example'.")
-@click.option("--llm", "synthesizer", type=click.Choice(["auto", "template", "openai"]), default="auto",
-              show_default=True, help="auto: openai when OPENAI_BASE_URL/OPENAI_API_KEY and --model are "
-              "set, else the offline template synthesizer.")
-@click.option("--model", help="The model the endpoint serves (endpoint and key from OPENAI_BASE_URL / "
-              "OPENAI_API_KEY).")
-@click.option("--attempts", type=click.IntRange(1, 50), default=5, show_default=True,
-              help="LLM: attempts per capability (the first and its repairs).")
-@click.option("--out", "-o", "out_dir", default="generated_envs", show_default=True,
-              help="Folder of env folders (<out>/<slug>/env.py, manifest.json, report.json).")
-@click.option("--force", is_flag=True, help="Overwrite an env the gate accepted before.")
-@click.option("--seeds", type=click.IntRange(2, 10_000), default=50, show_default=True,
-              help="Gate: seeds per dynamic property.")
-@click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
-              show_default=True, help="Gate: sandbox for the dynamic checks (as for audit).")
-@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="With --from: capabilities synthesized at once.")
-@click.option("--temperature", type=float, default=0.2, show_default=True, help="LLM: sampling temperature.")
-@click.option("--max-tokens", type=int, help="LLM: the most tokens per reply.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=300, show_default=True,
-              help="LLM: seconds one request may take (then it is retried).")
+@click.option("--trajectories", multiple=True, metavar="PATH [PATH...]", help="With --from and a "
+              "capabilities.json of an older identify (without example_trajectories): trajectory "
+              "files whose failures of the task ids it lists give the LLM example trajectories.")
+@click.option("--target", "-t", default="example", show_default=True, help="Target folder, "
+              "tool-schema JSON file, or 'example' (envforge's own small helpdesk target, offline).")
+@option(SynthConfig, "synthesizer", "--llm")
+@option(SynthConfig, "model")
+@option(SynthConfig, "attempts")
+@option(SynthConfig, "out_dir", "--out", "-o")
+@option(SynthConfig, "force", is_flag=True)
+@option(SynthConfig, "seeds")
+@option(SynthConfig, "backend")
+@option(SynthConfig, "concurrency", help="With --from: capabilities synthesized at once.")
+@option(SynthConfig, "temperature")
+@option(SynthConfig, "max_tokens")
+@option(SynthConfig, "timeout_s", "--timeout")
 @click.option("--price-per-1k", "price", help="LLM: USD per 1,000 prompt,completion tokens, for the "
               "cost in manifest.json (e.g. 0.15,0.6).")
-@click.option("--cache-dir", help="LLM: cache folder (default ~/.cache/envforge/llm).")
-@click.option("--no-cache", is_flag=True, help="LLM: neither read nor write the cache.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-def synth(capability, description, from_file, include_all, trajectories, target, synthesizer, model,
-          attempts, out_dir, force, seeds, backend, concurrency, temperature, max_tokens, timeout_s,
-          price, cache_dir, no_cache, as_json):
+@option(SynthConfig, "cache_dir")
+@option(SynthConfig, "cache", "--cache/--no-cache")
+@json_option
+def synth(more_trajectories, capability, description, from_file, include_all, trajectories, target,
+          price, as_json, **kwargs):
     """Write a training environment per capability and repair it until the gate accepts it.
 
-    One capability (--capability) or every retained one of an identification run (--from). Exit 0
-    when every env is accepted, 1 when any is not, 2 on usage errors.
+    One capability (--capability) or every retained one of an identification run (--from), on
+    --target (default: the example target). Exit 0 when every env is accepted, 1 when any is not,
+    2 on usage errors.
     """
-    from envforge import synth as S
-
+    if more_trajectories and not trajectories:
+        raise UsageError(f"unexpected argument {more_trajectories[0]!r}: synth takes no arguments "
+                         "(paths of trajectory files follow --trajectories)")
+    trajectories = [*trajectories, *more_trajectories]
     if bool(capability) == bool(from_file):
         raise UsageError("give either --capability TEXT or --from capabilities.json")
+    config = settings(SynthConfig, kwargs, price_per_1k=_price(price))
     tgt = _target(target)
-    config = S.SynthConfig(synthesizer=synthesizer, model=model, attempts=attempts, out_dir=out_dir,
-                           force=force, seeds=seeds, backend=backend, concurrency=concurrency,
-                           temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s,
-                           cache_dir=cache_dir, cache=not no_cache, price_per_1k=_price(price))
+    out_folder(config.out_dir, "--out")
     kind = S.resolve_synthesizer(config)
     if capability:
         specs = [S.CapabilitySpec(capability, description)]
         if kind == "template":
             S.match_family(capability, description)  # exit 2 with the families before any work
     else:
-        loaded = None
-        if trajectories:
-            from envforge.trajectories import load_trajectories
-            loaded = load_trajectories(list(trajectories))
+        loaded = load_trajectories(trajectories) if trajectories else None
         specs = S.load_capabilities(from_file, retained_only=not include_all, trajectories=loaded)
         if not specs:
-            raise click.ClickException(f"{from_file} has no retained capability to synthesize "
-                                       "(pass --all to take every capability it lists)")
-    if not as_json and synthesizer == "auto":
-        click.echo(f"synthesizer: {kind}" + (f" ({model})" if kind == "openai" else
-                   " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
+            raise UsageError(f"{from_file} has no retained capability to synthesize (pass --all "
+                             "to take every capability it lists)")
     label = S.target_label(target)
+    if not as_json:
+        click.echo(f"target: {label}" + (" (envforge's example helpdesk target; --target PATH for "
+                   "yours)" if label == "example" else f" ({tgt.name})"), err=True)
+        if config.synthesizer == "auto":
+            click.echo(f"synthesizer: {kind}" + (f" ({config.model})" if kind == "openai" else
+                       " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
     if capability:
         with _status(f"synthesizing {capability!r}", quiet=as_json) as status:
             results = [S.synthesize(specs[0], tgt, config, progress=lambda s: status(f"{capability}: {s}"),
@@ -392,9 +495,9 @@ def _print_synth(results) -> None:
     for r in results:
         colour = {"accept": "green", "reject": "red"}.get(r.verdict, "yellow")
         last = r.attempts[-1] if r.attempts else None
-        errors = [f for f in (last.findings if last else []) if f.get("severity") == "error"]
+        errors = [f for f in (last.findings if last else []) if f.severity == "error"]
         note = r.error or ("already accepted; kept (--force to redo)" if r.skipped else
-                           "; ".join(f"{f['check']}: {f['message'][:120]}" for f in errors[:3]))
+                           "; ".join(f"{f.check}: {f.message[:120]}" for f in errors[:3]))
         table.add_row(r.capability, r.slug or "-", f"[{colour}]{r.verdict}[/{colour}]",
                       str(len(r.attempts)), f"{r.seconds:.1f}", note or "")
     out.print(table)
@@ -416,10 +519,24 @@ def _need_train_extra():
                          "(pip install -c constraints.txt -e '.[train]')") from None
 
 
-_backend_opt = click.option("--backend", type=click.Choice(["auto", "process", "docker"]), default="auto",
-                            show_default=True, help="Sandbox the env runs in.")
-_threads_opt = click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
-                            help="torch intra-op threads (on a busy 2-core CPU, 2 ran ~10x slower than 1).")
+def _adapter(path: str | None, flag: str = "--adapter") -> str | None:
+    """An adapter folder as `envforge train` writes it (peft's adapter_config.json inside)."""
+    if path is not None and not (Path(path) / "adapter_config.json").is_file():
+        what = ("does not exist" if not Path(path).exists() else "is not a folder" if not
+                Path(path).is_dir() else "holds no adapter_config.json")
+        raise UsageError(f"{flag} {path}: {what}; give an adapter folder as `envforge train` "
+                         "writes it (e.g. adapters/<slug>)")
+    return path
+
+
+def _model(path: str) -> str:
+    if not Path(path).is_dir():
+        raise UsageError(f"--model {path}: no such folder; give a local model folder "
+                         "(from_pretrained: config.json, weights, tokenizer)")
+    return path
+
+
+threads_option = option(GRPOConfig, "threads")
 
 
 @main.command()
@@ -427,88 +544,99 @@ _threads_opt = click.option("--threads", type=click.IntRange(1, 256), default=1,
 @click.option("--model", "-m", required=True, help="Base model: a local folder (from_pretrained).")
 @click.option("--out", "-o", "out_dir", default="adapters", show_default=True,
               help="Adapters go to OUT/<env slug>/ (peft safetensors, manifest.json, reward_curve.png).")
-@click.option("--iterations", type=click.IntRange(1), default=40, show_default=True, help="(paper: 40)")
-@click.option("--groups", type=click.IntRange(1), default=4, show_default=True, help="Seeds per iteration (paper: 4).")
-@click.option("--group-size", type=click.IntRange(2), default=4, show_default=True, help="Rollouts per seed (paper: 4).")
-@click.option("--lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate (paper: 1e-5).")
-@click.option("--rank", type=click.IntRange(1), default=32, show_default=True, help="LoRA rank (paper: 32).")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--kl", type=float, default=0.0, show_default=True, help="KL coefficient (0: none).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@option(GRPOConfig, "iterations")
+@option(GRPOConfig, "num_groups", "--groups")
+@option(GRPOConfig, "group_size")
+@option(GRPOConfig, "learning_rate", "--lr")
+@option(GRPOConfig, "lora_rank", "--rank")
+@option(GRPOConfig, "lora_alpha")
+@option(GRPOConfig, "max_new_tokens")
+@option(GRPOConfig, "kl_coef", "--kl")
+@option(GRPOConfig, "seed")
+@option(GRPOConfig, "device")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
-@_backend_opt
-@_threads_opt
-def train(envs, model, out_dir, iterations, groups, group_size, lr, rank, max_new_tokens, kl, seed,
-          device, no_resume, backend, threads):
+@option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
+@threads_option
+def train(envs, model, out_dir, no_resume, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
     OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume."""
+    config = settings(GRPOConfig, kwargs)
     _need_train_extra()
-    from trainers.grpo import GRPOConfig, GRPOTrainer
+    from envforge.gym import resolve
+    from trainers.grpo import CHECKPOINT, GRPOTrainer
     from trainers.policy import load_policy, set_threads
 
-    from envforge.gym import resolve
-    set_threads(threads)
-    config = GRPOConfig(iterations=iterations, num_groups=groups, group_size=group_size,
-                        learning_rate=lr, lora_rank=rank, lora_alpha=2 * rank,
-                        max_new_tokens=max_new_tokens, kl_coef=kl, seed=seed, device=device,
-                        backend=backend, threads=threads)
+    slugs = [resolve(env).parent.name for env in envs]  # every ENV and OUT checked before any work
+    for slug in slugs:
+        out_folder(Path(out_dir) / slug, "--out")
+    set_threads(config.threads)
 
     spent: list[float] = []
 
     def show(s):
         spent.append(s.seconds)
-        eta = sum(spent) / len(spent) * (iterations - s.iteration)
-        click.echo(f"  iter {s.iteration:3d}/{iterations}  reward {s.reward_mean:.3f} ± {s.reward_std:.3f}  "
+        eta = sum(spent) / len(spent) * (config.iterations - s.iteration)
+        click.echo(f"  iter {s.iteration:3d}/{config.iterations}  reward {s.reward_mean:.3f} ± {s.reward_std:.3f}  "
                    f"constant groups {s.constant_fraction:.0%}  trained {s.groups_trained}/{s.groups_collected}  "
                    f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s (generate "
                    f"{s.generate_s:.1f}s, env wait {s.env_wait_s:.1f}s, loss {s.loss_s:.1f}s)  "
                    f"ETA {eta:.0f}s" + (f"  errors {s.errors}" if s.errors else ""))
-    for env in envs:
-        slug = resolve(env).parent.name
+    for env, slug in zip(envs, slugs):
         out = Path(out_dir) / slug
         click.echo(f"train {slug} -> {out}")
         spent.clear()
-        trainer = GRPOTrainer(load_policy(model, device=device), env, config, out=out, base_model=model,
-                              resume=not no_resume, progress=show,
+        trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
+                              base_model=model, resume=not no_resume, progress=show,
                               on_resume=lambda i: click.echo(f"  resumed at iteration {i}"))
-        result = trainer.train()
+        try:
+            result = trainer.train()
+        except KeyboardInterrupt:
+            click.echo(_interrupted(out / CHECKPOINT), err=True)
+            sys.exit(130)
         curve = result.manifest["reward_curve"]
         click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+
+
+def _interrupted(checkpoint: Path) -> str:
+    """What Ctrl-C during training left, and how to go on."""
+    try:
+        done = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["iteration"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "interrupted before the first checkpoint; run the same command again to start over"
+    return (f"interrupted: {checkpoint} holds {done} finished iteration(s); run the same command "
+            "again to resume from there (--no-resume starts afresh)")
 
 
 @main.command()
 @click.argument("env")
 @click.option("--model", "-m", required=True, help="Base model: a local folder.")
 @click.option("--adapter", help="Calibrate this adapter instead of the base policy.")
-@click.option("--groups", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--group-size", type=click.IntRange(2), default=16, show_default=True, help="(paper: 16)")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_backend_opt
-@_threads_opt
-def calibrate(env, model, adapter, groups, group_size, max_new_tokens, temperature, seed, as_json,
-              backend, threads):
+@option(CalibrationConfig, "groups")
+@option(CalibrationConfig, "group_size")
+@option(CalibrationConfig, "max_new_tokens")
+@option(CalibrationConfig, "temperature")
+@option(CalibrationConfig, "seed")
+@json_option
+@option(CalibrationConfig, "backend", type=click.Choice(BACKENDS))
+@threads_option
+def calibrate(env, model, adapter, as_json, threads, **kwargs):
     """Base-policy rollouts against the paper's targets: mean reward and success in [0.2, 0.6],
     reward std >= 0.05, at most 20% constant groups. Exit 1 when a target is missed."""
+    config = settings(CalibrationConfig, kwargs)
     _need_train_extra()
-    from trainers.calibrate import CalibrationConfig, calibrate as run
+    from trainers.calibrate import calibrate as run
     from trainers.policy import load_policy, set_threads
     set_threads(threads)
-    report = run(load_policy(model, adapter=adapter), env, CalibrationConfig(
-        groups=groups, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-        seed=seed, backend=backend))
+    result = run(load_policy(_model(model), adapter=_adapter(adapter)), env, config)
     if as_json:
-        emit_json(report)
+        emit_json(result.to_dict())
     else:
-        for c in report["checks"]:
+        for c in result.checks:
             click.echo(f"  {'ok  ' if c['ok'] else 'MISS'} {c['check']:<16} {c['value']:.3f}  target {c['target']}")
-        for a in report["advice"]:
+        for a in result.advice:
             click.echo(f"  - {a}")
-        click.echo("calibrated: GRPO will get a signal" if report["ok"] else "not calibrated")
-    sys.exit(0 if report["ok"] else 1)
+        click.echo("calibrated: GRPO will get a signal" if result.ok else "not calibrated")
+    sys.exit(0 if result.ok else 1)
 
 
 @main.command()
@@ -518,30 +646,17 @@ def calibrate(env, model, adapter, groups, group_size, max_new_tokens, temperatu
 @click.option("--tasks", "tasks_file", help="A file of tasks: one per line, or JSONL with a \"task\" field.")
 @click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
               help="Examples per capability shown to the router.")
-@_threads_opt
+@threads_option
 def route(model, adapters, tasks, tasks_file, examples, threads):
     """Pick an adapter (or none) per task from the base model's label-token logits; JSON out."""
-    _need_train_extra()
-    from envforge.errors import InputError
-    from trainers.policy import set_threads
-    from trainers.router import Router
-    texts = list(tasks)
-    if tasks_file:
-        try:
-            lines = Path(tasks_file).read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"cannot read the task file {tasks_file}: {e}") from None
-        for line in lines:
-            if line.strip():
-                try:
-                    item = json.loads(line)
-                    texts.append(item["task"] if isinstance(item, dict) else str(item))
-                except (ValueError, KeyError):
-                    texts.append(line.strip())
+    texts = list(tasks) + (read_task_texts(tasks_file) if tasks_file else [])
     if not texts:
         raise UsageError("give --task TEXT or --tasks FILE")
+    _need_train_extra()
+    from trainers.policy import set_threads
+    from trainers.router import Router
     set_threads(threads)
-    router = Router.load(model, adapters, examples=examples)
+    router = Router.load(_model(model), adapters, examples=examples)
     emit_json([router.route(t) for t in texts])
 
 
@@ -557,9 +672,9 @@ def route(model, adapters, tasks, tasks_file, examples, threads):
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy.")
 @click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
               help="Routed --adapters: examples per capability shown to the router.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@_backend_opt
-@_threads_opt
+@json_option
+@backend_option()
+@threads_option
 def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_tokens, temperature,
           examples, as_json, backend, threads):
     """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
@@ -570,42 +685,29 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_token
         raise UsageError("--merge needs --adapters (the folder of adapters to merge)")
     if not tasks_file and not env:
         raise UsageError("give ENV or --tasks FILE")
-    ids = []
-    if not tasks_file:
-        try:
-            if "-" in seeds and "," not in seeds:
-                a, b = seeds.split("-")
-                ids = list(range(int(a), int(b) + 1))
-            else:
-                ids = [int(s) for s in seeds.split(",")]
-        except ValueError:
-            pass
-        if not ids:
-            raise UsageError(f"--seeds {seeds!r}: want a range 'A-B' with A <= B (e.g. 0-19) or a "
-                             "list 'a,b,c' of integers (e.g. 0,5,9)")
+    tasks = read_tasks(tasks_file) if tasks_file else [{"env": env, "seed": s} for s in parse_seeds(seeds)]
+    _adapter(adapter)
     _need_train_extra()
-    from trainers.evaluate import evaluate, read_tasks
+    from trainers.evaluate import evaluate
     from trainers.policy import load_policy, set_threads
     from trainers.router import RoutedPolicy, merged_policy
     set_threads(threads)
-    tasks = read_tasks(tasks_file) if tasks_file else [{"env": env, "seed": s} for s in ids]
     if adapters and merge:
-        policy = merged_policy(model, adapters)
+        policy = merged_policy(_model(model), adapters)
     elif adapters:
-        policy = RoutedPolicy.load(model, adapters, examples=examples)
+        policy = RoutedPolicy.load(_model(model), adapters, examples=examples)
     else:
-        policy = load_policy(model, adapter=adapter)
+        policy = load_policy(_model(model), adapter=adapter)
     result = evaluate(policy, tasks, max_new_tokens=max_new_tokens, temperature=temperature,
                       backend=backend)
     if as_json:
-        emit_json(result)
+        emit_json(result.to_dict())
         return
     from rich.table import Table
     table = Table(title="envforge eval")
     for col in ("slice", "n", "mean", "95% CI"):
         table.add_column(col)
-    rows = [("overall", result["overall"])] + list(result["per_skill"].items()) + \
-        list(result.get("per_env", {}).items())
+    rows = [("overall", result.overall)] + list(result.per_skill.items()) + list(result.per_env.items())
     for name, m in rows:
         table.add_row(name, str(m["n"]), f"{m['mean']:.3f}" if m["mean"] is not None else "-",
                       f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["mean"] is not None else "-")

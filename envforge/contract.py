@@ -4,14 +4,16 @@ between envforge's stages.
 A generated environment is one Python file, ``env.py``, written by an LLM or a template. It is
 untrusted. This module says what such a file may contain (the allow-lists and limits the static
 audit enforces), what its messages look like, and what the gate reports about it (``Finding``,
-``Report``). It imports nothing outside the standard library, and every other module of envforge
-may import it.
+``Report``). It imports only the standard library and envforge's errors and settings, and
+every other module of envforge may import it.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
+
+from envforge.settings import Settings, setting
 
 CONTRACT_VERSION = 1
 
@@ -183,6 +185,19 @@ class Finding:
         return d
 
 
+def findings_from(items: Any) -> list[Finding]:
+    """Findings read back from JSON (a report.json or a manifest's attempts). An entry that is
+    not a finding of a known check stays, as a warning that says so."""
+    out = []
+    for d in items if isinstance(items, list) else []:
+        try:
+            out.append(Finding(d["check"], d["severity"], str(d["message"]), d.get("expected"),
+                               d.get("actual")))
+        except (KeyError, TypeError, ValueError):
+            out.append(warning("input", f"not a finding of this envforge: {d!r}"[:500]))
+    return out
+
+
 def error(check: str, message: str, expected: Any = None, actual: Any = None) -> Finding:
     return Finding(check, "error", message, expected, actual)
 
@@ -193,12 +208,14 @@ def warning(check: str, message: str, expected: Any = None, actual: Any = None) 
 
 @dataclass
 class Report:
-    """The gate's verdict on one env: accepted when no finding is an error."""
+    """The gate's verdict on one env: accepted when no finding is an error. ``target`` and
+    ``target_schema_hash`` say which target's tools it was judged against."""
     path: str
     findings: list[Finding] = field(default_factory=list)
     target: str | None = None
     stages: dict[str, float] = field(default_factory=dict)  # stage name -> seconds
     stats: dict[str, Any] = field(default_factory=dict)     # measured values (scores, counts)
+    target_schema_hash: str | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -210,26 +227,22 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "verdict": self.verdict, "target": self.target,
-                "contract_version": CONTRACT_VERSION,
+                "target_schema_hash": self.target_schema_hash, "contract_version": CONTRACT_VERSION,
                 "findings": [f.to_dict() for f in self.findings],
                 "stages": {k: round(v, 4) for k, v in self.stages.items()}, "stats": self.stats}
 
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(Settings):
     """Resource limits for one sandboxed env process (or container)."""
-    call_timeout_s: float = 5.0       # wall-clock seconds for one reset/step/solve call
-    load_timeout_s: float = 10.0      # wall-clock seconds to start the sandbox and load env.py
-    memory_mb: int = 1024             # address space of the sandboxed process
-    cpu_s: int = 300                  # CPU seconds over the sandbox's whole life (a backstop)
-    max_message_bytes: int = 4 << 20  # one protocol line from the sandbox
-    max_open_files: int = 64
-
-    def __post_init__(self) -> None:
-        if self.call_timeout_s <= 0 or self.load_timeout_s <= 0:
-            raise ValueError("call_timeout_s and load_timeout_s must be positive seconds")
-        if self.memory_mb < 64:
-            raise ValueError("memory_mb below 64 cannot start a Python interpreter; use >= 256")
+    call_timeout_s: float = setting(5.0, "Seconds one reset/step/solve call may take.", above=0)
+    load_timeout_s: float = setting(10.0, "Seconds to start the sandbox and load env.py.", above=0)
+    memory_mb: int = setting(1024, "Address-space limit of the sandboxed env process, MiB "
+                             "(below 64 no Python interpreter starts; use >= 256).", low=64)
+    cpu_s: int = setting(300, "CPU seconds over the sandbox's whole life (a backstop).", low=1)
+    max_message_bytes: int = setting(4 << 20, "Longest protocol line from the sandbox, bytes.",
+                                     low=1024)
+    max_open_files: int = setting(64, "Open files of the sandboxed process.", low=16)
 
 
 def canonical_json(value: Any) -> str:

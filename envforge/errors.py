@@ -1,6 +1,8 @@
 """Error types shared by every stage. Each names the boundary it comes from, so that the CLI can
-map it to an exit code and a message that says what to fix (1: the input or a run failed,
-2: the command was used wrongly)."""
+map it to an exit code and a message that says what to fix: 2 when what was asked cannot be done
+as given (``UsageError``, ``ConfigError``, ``InputError``: a wrong option, or a missing or malformed
+file), 1 when the work itself failed (the sandbox, the env's code, the model). The rule is in
+docs/configuration.md."""
 from __future__ import annotations
 
 
@@ -14,8 +16,24 @@ class UsageError(EnvforgeError):
     exit_code = 2
 
 
+class ConfigError(UsageError, ValueError):
+    """A setting of a config dataclass is out of its bounds (exit 2). ``owner`` is the class,
+    ``field`` the setting, ``problem`` what is wrong with its value; the CLI rewords the message
+    with the flag that sets the field. Also a ``ValueError``, for callers of the Python API."""
+
+    def __init__(self, owner: str, field: str, problem: str):
+        super().__init__(f"{owner}.{field} {problem}")
+        self.owner, self.field, self.problem = owner, field, problem
+
+
+class ActionError(UsageError, ValueError):
+    """An action given to ``env.step`` is not an assistant message (outside the action space)."""
+
+
 class InputError(EnvforgeError):
-    """A file the user gave could not be read or has the wrong shape (exit 1)."""
+    """A file or folder the user named is missing, unreadable or has the wrong shape (exit 2,
+    like every problem with what was asked: see docs/configuration.md)."""
+    exit_code = 2
 
 
 class TargetError(InputError):

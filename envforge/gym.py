@@ -50,7 +50,7 @@ import gymnasium
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Limits, assistant,
                                message_problem, tool_call)
-from envforge.errors import EnvCallError, InputError, SandboxError, UsageError
+from envforge.errors import ActionError, EnvCallError, InputError, SandboxError, UsageError
 from sandbox.base import Backend, get_backend
 
 NAMESPACE = "envforge"
@@ -162,14 +162,14 @@ def gate_check(env_file: Path) -> str:
         first = [f"{f.get('check')}: {f.get('message')}" for f in report.get("findings", [])
                  if f.get("severity") == "error"][:2]
         raise InputError(f"{env_file.parent} was rejected by the gate (report.json): "
-                         f"{'; '.join(first)[:400]}. Fix it and re-run `envforge audit`, or pass "
-                         "unsafe_skip_gate=True")
+                         f"{'; '.join(first)[:400].rstrip('.')}. Fix the env (or synthesize it "
+                         f"again) and re-run `envforge audit {env_file.parent}`")
     findings = audit_static(raw, filename=env_file.name).findings  # thread-safe: see PARSE_LOCK
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise InputError(f"{env_file} fails the gate's static audit ({len(errors)} errors; first: "
-                         f"{errors[0].check}: {errors[0].message[:300]}). Run `envforge audit "
-                         f"{env_file.parent}`, or pass unsafe_skip_gate=True")
+                         f"{errors[0].check}: {errors[0].message[:300].rstrip('.')}). Run "
+                         f"`envforge audit {env_file.parent}` to see every finding")
     return raw.decode("utf-8")
 
 
@@ -259,6 +259,11 @@ class SandboxEnv(gymnasium.Env):
         if not self._live:
             raise UsageError("step() before reset(), or after the episode ended (terminated, "
                              "truncated, or an error): call reset()")
+        problem = message_problem(action)
+        if problem or action["role"] != "assistant":
+            raise ActionError(f"step(action): the action must be an assistant message, e.g. "
+                              f"{{'role': 'assistant', 'content': 'Hello'}} or one with tool_calls; "
+                              f"{problem or 'got role ' + repr(action['role'])}")
         obs, reward, terminated, truncated, info = self._call("step", action)
         if (not isinstance(reward, (int, float)) or isinstance(reward, bool)
                 or not isinstance(terminated, bool) or not isinstance(truncated, bool)):
@@ -320,8 +325,6 @@ def _limits(fields: dict) -> Limits:
         return Limits(**fields)
     except TypeError as e:
         raise UsageError(f"{e}; limits are fields of envforge.contract.Limits") from None
-    except ValueError as e:  # a field out of range, e.g. memory_mb=10
-        raise UsageError(f"bad limits: {e}") from None
 
 
 def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = "auto", *,

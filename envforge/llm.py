@@ -20,6 +20,7 @@ The ``openai`` SDK is imported when the first client is made, never at ``import 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -243,12 +244,29 @@ class LLMClient:
         atomic_write(self._path(key), json.dumps(entry, ensure_ascii=False))
 
 
+@functools.cache
+def umask() -> int:
+    """The process's umask (read from /proc where it can be, since setting it to read it races
+    with threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` (making its folder) through a temporary file renamed into
     place, so that a killed run leaves the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; the file gets the user's umask
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

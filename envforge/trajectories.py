@@ -145,6 +145,8 @@ def _load_file(path: Path, fmt: str, threshold: float) -> list[Trajectory]:
             return _jsonl(path, text, threshold)
         raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                          f"expected {_EXPECTED}") from None
+    if data == []:
+        return []  # a run list with no runs: no trajectories (the caller says so), not a bad format
     found = detect_format(data)
     if fmt == "auto":
         if found is None:
@@ -210,7 +212,7 @@ def _jsonl_records(path: Path, records: list, threshold: float, first_line: int 
         if expected is not None:
             expected = _expected(path, where, expected, args_key="arguments")
         meta = dict(r.get("metadata") or {})
-        meta.update(source=str(path), format="jsonl")
+        meta.update(source=str(path), format="jsonl", index=i)
         out.append(Trajectory(str(r["task_id"]), messages, reward, reward >= threshold,
                               expected, meta))
     return out
@@ -269,10 +271,14 @@ def _tau2(path: Path, data: Any, threshold: float) -> list[Trajectory]:
         expected = None
         if actions is not None:
             expected = _expected(path, f"task {task_id}", actions, args_key="arguments")
-        meta = {"source": str(path), "format": "tau2", "trial": sim.get("trial"),
+        meta = {"source": str(path), "format": "tau2", "trial": sim.get("trial"), "index": i,
                 "simulation_id": sim.get("id"), "termination_reason": sim.get("termination_reason")}
         if domain:
             meta["domain"] = domain
+        initial = (tasks.get(task_id) or {}).get("initial_state")
+        history = initial.get("message_history") if isinstance(initial, dict) else None
+        if isinstance(history, list) and history:  # the task began with these turns: not the agent's
+            meta["history"] = len(_tau2_messages(path, where, sim["messages"][:len(history)]))
         out.append(Trajectory(task_id, _tau2_messages(path, where, sim["messages"]), reward,
                               reward >= threshold, expected, meta))
     return out
@@ -318,7 +324,7 @@ def _taubench(path: Path, data: Any, threshold: float) -> list[Trajectory]:
         if isinstance(task, dict) and isinstance(task.get("actions"), list):
             expected = _expected(path, where, task["actions"], args_key="kwargs")
         reward = _reward(path, where, r["reward"])
-        meta = {"source": str(path), "format": "tau-bench", "trial": r.get("trial")}
+        meta = {"source": str(path), "format": "tau-bench", "trial": r.get("trial"), "index": i}
         out.append(Trajectory(str(r.get("task_id", i)), _openai_messages(path, where, r["traj"]),
                               reward, reward >= threshold, expected, meta))
     return out
@@ -418,25 +424,27 @@ def first_user_text(messages: list[dict]) -> str:
 
 
 def render(t: Trajectory, max_chars: int = 12000, per_message: int = 600,
-           with_reference: bool = True) -> str:
-    """A trajectory as compact text for a prompt (the system prompt is left out)."""
+           with_reference: bool = True, numbered: bool = False) -> str:
+    """A trajectory as compact text for a prompt (the system prompt is left out). ``numbered``:
+    each line starts with its message's index in ``t.messages`` ("[3] USER: ..."), so that a
+    reader can point at a turn."""
     def cut(s: str, n: int = per_message) -> str:
         s = " ".join(s.split())
         return s if len(s) <= n else f"{s[:n]}...[+{len(s) - n} chars]"
 
     lines = []
-    for m in t.messages:
-        role = m.get("role")
+    for i, m in enumerate(t.messages):
+        role, at = m.get("role"), f"[{i}] " if numbered else ""
         if role == "user":
-            lines.append(f"USER: {cut(m.get('content') or '')}")
+            lines.append(f"{at}USER: {cut(m.get('content') or '')}")
         elif role == "assistant":
             if (m.get("content") or "").strip():
-                lines.append(f"AGENT: {cut(m['content'])}")
+                lines.append(f"{at}AGENT: {cut(m['content'])}")
             for tc in m.get("tool_calls") or []:
                 fn = tc.get("function") or {}
-                lines.append(f"AGENT CALLS {fn.get('name')}({cut(fn.get('arguments') or '', 400)})")
+                lines.append(f"{at}AGENT CALLS {fn.get('name')}({cut(fn.get('arguments') or '', 400)})")
         elif role == "tool":
-            lines.append(f"TOOL RESULT: {cut(m.get('content') or '', 300)}")
+            lines.append(f"{at}TOOL RESULT: {cut(m.get('content') or '', 300)}")
     if with_reference and t.expected_actions is not None:
         acts = "; ".join(f"{a['name']}({json.dumps(a.get('arguments'), ensure_ascii=False)})"
                          for a in t.expected_actions) or "none (no change was expected)"

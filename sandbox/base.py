@@ -312,22 +312,99 @@ def get_backend(name: "str | Backend" = "auto") -> Backend:
     raise UsageError(f"unknown sandbox backend {name!r}; choose {', '.join(BACKENDS)}")
 
 
-def diagnose() -> list[dict]:
+#: An env that reports, from inside a sandbox, what holds it (see ``containment``).
+CONTAINMENT_PROBE = """\
+import _thread, ctypes, errno, fcntl, os, resource, time
+CAPABILITY = "containment probe"
+
+
+def refused(attempt):
+    try:
+        attempt()
+    except (OSError, RuntimeError):
+        return True
+    return False
+
+
+def syscall_refused(number, *args):
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(number, *args) == -1 and ctypes.get_errno() == errno.EPERM
+
+
+class Env:
+    tools = []
+
+    def reset(self, seed):
+        status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+        return {
+            "uid": os.getuid(),
+            "capabilities": int(status["CapEff"], 16) == 0,
+            "seccomp": status.get("Seccomp", "0").strip() == "2",
+            "no_new_privs": status.get("NoNewPrivs", "0").strip() == "1",
+            "threads": refused(lambda: _thread.start_new_thread(time.sleep, (1,))),
+            "processes": refused(lambda: os.waitpid(os.fork() or os._exit(0), 0)),
+            "tiocsti": syscall_refused(16, 0, 0x5412, ctypes.c_char_p(b"x")),
+            "setown": syscall_refused(72, 0, 8, os.getpid()),
+            "io_uring": syscall_refused(425, 1, ctypes.create_string_buffer(120)),
+            "cpu_s": resource.getrlimit(resource.RLIMIT_CPU)[0],
+        }, {}
+
+    def step(self, action):
+        return {}, 0.0, True, False, {}
+
+    def solve(self, seed):
+        return []
+"""
+
+
+def containment(backend: "Backend") -> tuple[dict, str]:
+    """What holds env code in a sandbox of ``backend`` started now, seen from inside it (the
+    probe above): its facts, and them in words. Raises SandboxError when it cannot start."""
+    with backend.start(Limits(call_timeout_s=10.0)) as sb:
+        sb.load(CONTAINMENT_PROBE, filename="containment_probe.py")
+        sb.new()
+        facts, _ = sb.reset(0, 0)
+    if not isinstance(facts, dict):
+        raise SandboxProtocolError("the containment probe answered something other than a dict")
+    words = [f"uid {facts.get('uid')}" + (" (root!)" if facts.get("uid") == 0 else ""),
+             "no capabilities" if facts.get("capabilities") else "CAPABILITIES KEPT",
+             "seccomp" if facts.get("seccomp") else "no seccomp",
+             "no_new_privs" if facts.get("no_new_privs") else "privileges may grow"]
+    for key, what in (("threads", "threads"), ("processes", "processes"),
+                      ("tiocsti", "TIOCSTI"), ("setown", "F_SETOWN"), ("io_uring", "io_uring")):
+        words.append(f"{what} {'refused' if facts.get(key) else 'ALLOWED'}")
+    words.append(f"RLIMIT_CPU {facts.get('cpu_s')} s, no CPU between calls (signals blocked, "
+                 "idle CPU ends the sandbox)")
+    return facts, ", ".join(words)
+
+
+def diagnose(probe: bool = True) -> list[dict]:
     """Which backends work on this machine: [{"backend", "ok", "detail"}], the process sandbox's
     isolation layers one by one, then Docker. ``detail`` says how it isolates, or why not and the
-    fix. Runs only the probes (the interpreter once per layer, a ping of the Docker engine)."""
+    fix. With ``probe``, each backend that works also gets "containment": what holds env code
+    there, seen from inside a sandbox (``containment``), facts and words."""
     from sandbox.docker import DockerBackend
     from sandbox.process import LAYERS, ProcessBackend, _seccomp_probe, shared_memory_works
 
     rows = []
     for layer in LAYERS:
-        ok, why = ProcessBackend(isolation=layer).available()
-        rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why})
+        backend = ProcessBackend(isolation=layer)
+        ok, why = backend.available()
+        rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why, "run": backend})
     sec_ok, sec_why = _seccomp_probe()
     rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
     rows.append({"backend": "process/channel", "ok": True, "detail": shared_memory_works()[1]})
-    ok, why = DockerBackend().available()
-    rows.append({"backend": "docker", "ok": ok, "detail": why})
+    backend = DockerBackend()
+    ok, why = backend.available()
+    rows.append({"backend": "docker", "ok": ok, "detail": why, "run": backend})
+    for row in rows:
+        backend = row.pop("run", None)
+        if probe and row["ok"] and backend is not None:
+            try:
+                facts, words = containment(backend)
+                row["containment"] = {"facts": facts, "words": words}
+            except Exception as e:  # never raise: say what went wrong
+                row["containment"] = {"facts": None, "words": f"the probe failed: {e}"}
     return rows
 
 

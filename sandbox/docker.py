@@ -47,18 +47,22 @@ envforge needs that access, env code never gets it.
 from __future__ import annotations
 
 import atexit
+import datetime
 import errno
 import functools
 import hashlib
 import io
+import json
 import os
 import select
 import shutil
+import signal
 import socket
 import stat
 import struct
 import tarfile
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -71,7 +75,7 @@ from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_se
                           write_all)
 
 HERE = Path(__file__).resolve().parent
-CONTEXT = ("Dockerfile", "runner.py")
+CONTEXT = ("Dockerfile", "runner.py", "guards.py")  # the image's files (guards.py where present)
 REPOSITORY = "envforge-sandbox"
 DEFAULT_SOCKET = "/var/run/docker.sock"
 TMPFS_MB = 16
@@ -82,19 +86,63 @@ STDERR_TAIL = 2048
 INSTALL_SDK = "pip install 'docker>=7.1'"
 LABEL = "envforge.sandbox"
 OWNER = "envforge.owner"
+STRAY_AFTER_S = 60.0
 
 
 @functools.cache
 def image_tag() -> str:
     """``envforge-sandbox:<hash of the Dockerfile and runner.py>``: the image this code runs."""
     digest = hashlib.sha256()
-    for name in CONTEXT:
-        digest.update((HERE / name).read_bytes())
+    for name in _context():
+        digest.update(name.encode() + b"\0" + (HERE / name).read_bytes())
     return f"{REPOSITORY}:{digest.hexdigest()[:12]}"
 
 
-def owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def _context() -> list[str]:
+    return [name for name in CONTEXT if (HERE / name).is_file()]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _started(pid: int | str) -> str:
+    """When process ``pid`` started, in clock ticks since boot ("?" when it is gone)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rpartition(")")[2].split()[19] if ")" in stat else "?"
+
+
+def owner(pid: int | None = None) -> str:
+    """Who owns a container, unique on this machine across pid namespaces and over time:
+    ``<hostname>/<boot id>/<pid namespace>/<pid>/<start time>``."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "?"
+    return "/".join((socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), namespace,
+                     str(pid), _started(pid)))
+
+
+def owner_gone(label: str) -> bool:
+    """Whether the owner named by an ``owner()`` label is certainly gone: a process of this
+    machine's boot, in this pid namespace, no longer running (or its pid reused); or an owner on
+    this machine (same hostname) in an earlier boot. An owner elsewhere, or in another pid
+    namespace, cannot be told from here: never gone (its containers stop by themselves when it
+    dies; see ``watch`` in runner.py)."""
+    parts = label.split("/")
+    if len(parts) != 5:
+        return False
+    host, boot, namespace, pid, started = parts
+    mine = owner().split("/")
+    if host != mine[0] or boot != mine[1]:
+        return host == mine[0] and boot != mine[1] and "?" not in (boot, mine[1])
+    return namespace == mine[2] and pid.isdigit() and (
+        not _pid_alive(int(pid)) or _started(pid) != started)
 
 
 def _sdk():
@@ -151,7 +199,7 @@ def build_image(base: str | None = None, tag: str | None = None,
     default, tag = tag is None, tag or image_tag()
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
-        for name in CONTEXT:
+        for name in _context():
             tar.add(HERE / name, arcname=name)
     context.seek(0)
     say = progress or (lambda s: None)
@@ -183,15 +231,23 @@ def _base_hint(base: str | None) -> str:
 
 # --------------------------------------------------------------------------- the transport
 
-#: The container's command on the "socket" channel: connect to the host, make the connection
-#: fds 0 and 1, become the runner. No env code has run yet, so the first connection is this one.
-CONNECT = ("import os, socket, sys\n"
-           "s = socket.socket(socket.AF_UNIX)\n"
-           "s.connect('/run/envforge/runner.sock')\n"
-           "os.dup2(s.fileno(), 0)\n"
-           "os.dup2(s.fileno(), 1)\n"
-           "s.close()\n"
-           "os.execv(sys.executable, [sys.executable, '-s', '-B', '/opt/envforge/runner.py'])\n")
+SOCKET_PATH = "/run/envforge/runner.sock"
+
+
+def seccomp_profile() -> str:
+    """The containers' seccomp profile (JSON, as ``--security-opt seccomp=``): allow by default,
+    EPERM for the kernel surface and the argument rules that the process sandbox denies too
+    (``KERNEL`` and ``ARGUMENT_RULES`` in runner.py: io_uring, ptrace, bpf, user namespaces,
+    TIOCSTI, F_SETOWN/F_SETSIG/O_ASYNC, ...). Processes, sockets and files are left to the
+    container's own limits (pids cap, no network, read-only root)."""
+    from sandbox.runner import ARGUMENT_RULES, KERNEL
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    rules = [{"names": list(KERNEL), **deny}]
+    rules += [{"names": [name], **deny,
+               "args": [{"index": i, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
+                        for i, mask, value in conditions]} for name, conditions in ARGUMENT_RULES]
+    return json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules})
+
 
 _LIVE: "weakref.WeakSet[ContainerTransport]" = weakref.WeakSet()
 
@@ -200,6 +256,18 @@ _LIVE: "weakref.WeakSet[ContainerTransport]" = weakref.WeakSet()
 def _remove_live() -> None:
     for transport in list(_LIVE):
         transport.kill()
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM, where nothing else handles it, exits like Ctrl-C does: through the calls'
+    cleanup and the atexit hook that removes the containers (its default would skip both)."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 class ContainerTransport(Transport):
@@ -462,21 +530,37 @@ class DockerBackend(Backend):
                       f"{self.tmpfs_mb} MiB tmpfs, {self.cpus:g} CPU, {self.pids} pids, no "
                       "capabilities, no-new-privileges, uid 10001")
 
-    def reap(self) -> list[str]:
-        """Remove sandbox containers on this engine whose owner process on this machine is
-        gone (a host killed outright); returns their ids."""
-        host, removed = socket.gethostname(), []
-        api = self.client().api
+    def strays(self) -> list[dict]:
+        """Sandbox containers on this engine that nobody will remove: their owner is certainly
+        gone (see ``owner_gone``), or they stopped over STRAY_AFTER_S ago (an owner removes its
+        stopped sandboxes at once). [{"id", "owner", "state", "why"}]"""
+        api, found = self.client().api, []
         for c in api.containers(all=True, filters={"label": f"{LABEL}=1"}):
-            name, _, pid = (c.get("Labels") or {}).get(OWNER, "").rpartition(":")
-            if name != host or not pid.isdigit() or _pid_alive(int(pid)):
-                continue
+            label = (c.get("Labels") or {}).get(OWNER, "")
+            why = "its owner is gone" if owner_gone(label) else None
+            if why is None and c.get("State") != "running":
+                stopped = _stopped_for(api, c["Id"])
+                if stopped is not None and stopped > STRAY_AFTER_S:
+                    why = f"stopped {stopped:.0f} s ago"
+            if why:
+                found.append({"id": c["Id"], "owner": label, "state": c.get("State", "?"),
+                              "why": why})
+        return found
+
+    def clean(self) -> list[dict]:
+        """Remove the ``strays()``; returns them, each with "removed" (False when that failed)."""
+        api, found = self.client().api, self.strays()
+        for stray in found:
             try:
-                api.remove_container(c["Id"], force=True)
-                removed.append(c["Id"])
-            except Exception:
-                pass
-        return removed
+                api.remove_container(stray["id"], force=True)
+                stray["removed"] = True
+            except Exception:  # removed meanwhile, or the engine refused
+                stray["removed"] = False
+        return found
+
+    def reap(self) -> list[str]:
+        """Remove the ``strays()``; returns the ids removed."""
+        return [stray["id"] for stray in self.clean() if stray["removed"]]
 
     def host_config(self, limits: Limits, sock_dir: str | None) -> dict:
         docker = _sdk()
@@ -484,7 +568,8 @@ class DockerBackend(Backend):
         memory = f"{limits.memory_mb + self.tmpfs_mb + HEADROOM_MB}m"
         return self.client().api.create_host_config(
             network_mode="none", read_only=True, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], runtime=self.runtime,
+            security_opt=["no-new-privileges", f"seccomp={seccomp_profile()}"],
+            runtime=self.runtime, ipc_mode="none",  # own IPC namespace, no /dev/shm
             tmpfs={"/tmp": f"size={self.tmpfs_mb}m,mode=1777,noexec,nosuid,nodev"},
             binds={sock_dir: {"bind": "/run/envforge", "mode": "ro"}} if sock_dir else None,
             mem_limit=memory, memswap_limit=memory, pids_limit=self.pids,
@@ -501,6 +586,7 @@ class DockerBackend(Backend):
         api = self.client().api
         if not self._reaped:
             self._reaped = True
+            _exit_on_sigterm()
             self.reap()
         via_socket = self.resolved_channel() == "socket"
         sock_dir = _sock_dir() if via_socket else None
@@ -513,7 +599,7 @@ class DockerBackend(Backend):
                 listener.listen(1)
             created = api.create_container(
                 self.image, stdin_open=not via_socket, tty=False, user="10001:10001",
-                entrypoint=["python3", "-s", "-B", "-c", CONNECT] if via_socket else None,
+                command=(["--connect", SOCKET_PATH] if via_socket else []) + ["--watch"],
                 environment={"PYTHONHASHSEED": str(hash_seed), "LANG": "C.UTF-8",
                              "PATH": "/usr/local/bin:/usr/bin:/bin"},
                 labels={**self.labels, OWNER: owner()},
@@ -563,6 +649,19 @@ def _cleanup(listener: socket.socket | None, sock_dir: str | None) -> None:
         listener.close()
     if sock_dir:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _stopped_for(api, container_id: str) -> float | None:
+    """Seconds since the container stopped (None when unknown or still running)."""
+    try:
+        finished = api.inspect_container(container_id)["State"]["FinishedAt"][:19]
+        when = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%S").replace(
+            tzinfo=datetime.timezone.utc)
+    except Exception:
+        return None
+    if when.year < 2000:  # never started: Docker's zero time
+        return None
+    return (datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -5,28 +5,33 @@ Isolation layers, strongest first. ``isolation="auto"`` takes the first that wor
 probed once per host process by running the interpreter behind it (5 s limit).
 
 - ``bwrap``: bubblewrap, every namespace new (no network; own pids, ipc, uts, user, cgroup), no
-  capabilities, a new session, a read-only root holding only what the interpreter needs (its
-  prefixes, /usr, the library dirs, /etc/ld.so.cache, runner.py) and a private /tmp. Host files
-  such as /root, /home, /etc/shadow and the repository do not exist in there.
+  capabilities, uid/gid 65534 in its user namespace (where the kernel allows; else the caller's
+  uid), a new session, a read-only root holding only what the interpreter needs (its prefixes,
+  /usr, the library dirs, /etc/ld.so.cache, runner.py), its own /dev and a private /tmp. Host
+  files such as /root, /home, /etc/shadow and the repository do not exist in there.
 - ``unshare``: util-linux unshare, new network, pid, ipc, uts and mount namespaces (no network;
-  host processes invisible). Root drops to uid/gid 65534 where that user can run the
-  interpreter, else stays root (the description says which); a non-root user keeps its uid in
-  a user namespace. The host's files stay visible: seccomp is what stops writes.
+  host processes invisible). Root drops to uid/gid 65534, and where that user cannot run the
+  interpreter the layer is refused (never root: it would keep capabilities and see the host's
+  /dev and terminals); a non-root user keeps its uid in a user namespace. The host's files stay
+  visible: seccomp is what stops writes.
 - ``none``: no namespaces; seccomp alone isolates, so this layer needs it.
 
 Every layer adds: a clean environment (PYTHONHASHSEED, PATH, LANG), cwd /, a session of its own
 (kill() takes the process group), rlimits (CPU seconds, address space, 1 MiB files, open files,
 no core dumps), no_new_privs; and, when pyseccomp and libseccomp are installed, the runner's
-seccomp filter, loaded before any env code (see runner.py). The runner also sets RLIMIT_NPROC to
-0, which binds non-root users only.
+seccomp filter, loaded before any env code (see runner.py): among others no new process or
+thread (root included, whom RLIMIT_NPROC does not bind), no TIOCSTI, no F_SETOWN/F_SETSIG/O_ASYNC
+(signals to the host through a shared pipe). Between calls no env code runs (see ``serve`` in
+runner.py). The runner also sets RLIMIT_NPROC to 0, which binds non-root users only.
 
 Messages cross over shared memory where the machine allows it (``channel="auto"``: Linux on
 x86-64; see ``SharedTransport``): a step is a memory copy and a sequence number each way, with no
-system call on its path, and an eventfd wakes a side that stopped spinning. The memfd is sealed at
-its size, so the runner cannot shrink it under the host's mapping (env code can find the
-runner's descriptor: its mapping keeps one), and the host copies a reply out before it reads it,
-checking its length: a runner that scribbles on the memory, rings the bells or writes the pipe
-only lies, like any other reply, within the call's time limit. ``channel="pipe"`` keeps every
+system call on its path, and a bell (a byte on a pipe) wakes a side that stopped spinning. The
+memfd is sealed at its size, so the runner cannot shrink it under the host's mapping (env code
+can find the runner's descriptor: its mapping keeps one), and the host copies a reply out before
+it reads it, checking its length: a runner that scribbles on the memory, rings or fills the bells
+or writes the pipe only lies, like any other reply, within the call's time limit (the host's
+ends of the pipes are its own open files, non-blocking whatever the runner does to its ends). ``channel="pipe"`` keeps every
 message on the pipes.
 
 Protects against (with seccomp, on every layer): network access; starting processes or programs,
@@ -73,6 +78,8 @@ LAYERS = ("bwrap", "unshare", "none")
 NOBODY = "65534"
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+CAPABILITY_VERSION_3 = 0x20080522
 MIB = 1 << 20
 PROBE_TIMEOUT_S = 5.0
 ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -198,7 +205,7 @@ class PipeTransport(Transport):
 
 class SharedTransport(PipeTransport):
     """The runner's pipes plus a shared-memory channel (see SHM_REGION in runner.py): a message
-    crosses as a memory copy and a sequence number, no system call on the way; the eventfd bells
+    crosses as a memory copy and a sequence number, no system call on the way; the bells (pipes)
     wake a side that blocked, and the pipes carry oversize messages and the runner's exit."""
 
     def __init__(self, proc: subprocess.Popen, stderr_file, mem: mmap.mmap, bells: tuple[int, int]):
@@ -221,7 +228,7 @@ class SharedTransport(PipeTransport):
         words[0] = seq
         try:
             os.write(self._bell_in, BELL)
-        except BlockingIOError:  # its counter is full (the runner filled it): it rings anyway
+        except BlockingIOError:  # full (filled by the runner, or never emptied): it rings
             pass
         except OSError as e:
             raise SandboxCrashed(f"the sandbox's bell is gone ({e})") from None
@@ -307,14 +314,26 @@ def _rlimits(limits: Limits) -> list[tuple[int, int]]:
     return out
 
 
-def _preexec(limits: Limits):
-    """The child's last steps before exec: rlimits and no_new_privs (nothing that may lock)."""
+def _preexec(limits: Limits, drop_capabilities: bool = False):
+    """The child's last steps before exec: rlimits and no_new_privs (nothing that may lock); with
+    ``drop_capabilities`` (layer none), an empty bounding and inheritable set, so that the
+    program exec'd keeps no capability even as root."""
     rlimits = _rlimits(limits)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    header, data = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
 
     def preexec() -> None:
         for res, value in rlimits:
             resource.setrlimit(res, (value, value))
+        if drop_capabilities and os.geteuid() == 0:
+            for cap in range(64):
+                prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last one
+            if libc.capget(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capget failed")
+            data[2] = data[5] = 0  # inheritable
+            if libc.capset(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capset failed")
         if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         # Die with the thread that started us (a killed envforge leaves no sandbox behind);
@@ -327,9 +346,12 @@ def _env(hash_seed: int) -> dict[str, str]:
     return {"PYTHONHASHSEED": str(hash_seed), **ENV_BASE}
 
 
-def _bwrap_prefix(bwrap: str) -> list[str]:
+def _bwrap_prefix(bwrap: str, uid: bool = True) -> list[str]:
+    """bwrap's command line; ``uid``: run as uid/gid 65534 in its user namespace (no root)."""
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/"]
+    if uid:
+        args[1:1] = ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY]
     for path in ("/usr", "/etc/ld.so.cache", "/etc/localtime"):
         args += ["--ro-bind-try", path, path]
     for path in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
@@ -347,9 +369,8 @@ def _bwrap_prefix(bwrap: str) -> list[str]:
 def _unshare_prefixes(unshare: str) -> list[tuple[list[str], str]]:
     """The unshare command lines to try, best first, each with who the runner runs as."""
     args = [unshare, "--net", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "--mount-proc"]
-    if os.geteuid() == 0:
-        return [(args + ["--setuid", NOBODY, "--setgid", NOBODY], "uid 65534"),
-                (args, "root: uid 65534 cannot run this interpreter")]
+    if os.geteuid() == 0:  # never root: it would see and type into the host's terminals
+        return [(args + ["--setuid", NOBODY, "--setgid", NOBODY], "uid 65534")]
     return [(args + ["--map-current-user"], "your uid, no capabilities"),
             (args + ["--map-root-user"], "root of a user namespace")]
 
@@ -377,11 +398,12 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
         pkg = "bubblewrap" if layer == "bwrap" else "util-linux"
         return None, f"{layer} is not installed (apt-get install {pkg})"
     if layer == "bwrap":
-        prefix = _bwrap_prefix(program)
-        why = _try(prefix)
-        if why is None:
-            return prefix, "bwrap (no network, own namespaces, no capabilities, read-only view " \
-                           "of the interpreter only, private /tmp)"
+        for uid, who in ((True, "uid 65534"), (False, "its caller's uid")):
+            prefix = _bwrap_prefix(program, uid)
+            why = _try(prefix)
+            if why is None:
+                return prefix, ("bwrap (no network, own namespaces, no capabilities, runs as "
+                                f"{who}, read-only view of the interpreter only, private /tmp)")
         return None, f"bwrap does not work here: {why} (user namespaces may be disabled)"
     first_why = None
     for prefix, who in _unshare_prefixes(program):
@@ -389,6 +411,11 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
         if why is None:
             return prefix, f"unshare (no network, own pid/ipc/uts/mount namespaces, runs as {who})"
         first_why = first_why or why
+    if os.geteuid() == 0:
+        return None, (f"unshare as root needs uid 65534 to run this interpreter ({first_why}); "
+                      "it never runs env code as root, which would see the host's /dev and "
+                      "terminals: install the interpreter where uid 65534 can read it, or use "
+                      "bwrap")
     return None, f"unshare does not work here: {first_why}"
 
 
@@ -406,7 +433,7 @@ CHANNELS = ("auto", "shm", "pipe")
 #: Where the shared-memory channel is used: its protocol relies on x86-64 keeping each side's
 #: stores in order (a message before its sequence number); elsewhere the pipes carry everything.
 SHM_WORKS = (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
-             and hasattr(os, "memfd_create") and hasattr(os, "eventfd"))
+             and hasattr(os, "memfd_create"))
 
 
 def shared_memory_works() -> tuple[bool, str]:
@@ -414,18 +441,20 @@ def shared_memory_works() -> tuple[bool, str]:
     if not SHM_WORKS:
         return False, "pipes (the shared-memory channel needs Linux on x86-64)"
     try:
-        mem, fds = _shared_memory()
+        mem, fds, bells = _shared_memory()
     except OSError as e:
-        return False, f"pipes (memfd or eventfd refused here: {e})"
+        return False, f"pipes (memfd refused here: {e})"
     mem.close()
-    for fd in fds:
+    for fd in fds + bells:
         os.close(fd)
     return True, "shared memory (a step crosses without a system call)"
 
 
-def _shared_memory() -> tuple[mmap.mmap, tuple[int, int, int]]:
-    """A new channel: its mapping here, and (memfd, bell to the runner, bell from it). The memfd's
-    size is sealed, so the runner cannot shrink it under this process's mapping (SIGBUS)."""
+def _shared_memory() -> tuple[mmap.mmap, tuple[int, int, int], tuple[int, int]]:
+    """A new channel: its mapping here, the runner's fds (memfd, its end of the bell to it, its
+    end of the bell from it) and this process's ends of the two bells. The memfd's size is sealed,
+    so the runner cannot shrink it under this process's mapping (SIGBUS). The bells are pipes, so
+    each side's end is an open file of its own (see SHM_REGION in runner.py)."""
     fds: list[int] = []
     try:
         fds.append(os.memfd_create("envforge-sandbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
@@ -433,8 +462,9 @@ def _shared_memory() -> tuple[mmap.mmap, tuple[int, int, int]]:
         fcntl.fcntl(fds[0], fcntl.F_ADD_SEALS,
                     fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         for _ in range(2):
-            fds.append(os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK))
-        return mmap.mmap(fds[0], 2 * SHM_REGION), tuple(fds)
+            fds.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
+        memfd, to_r, to_w, from_r, from_w = fds
+        return mmap.mmap(memfd, 2 * SHM_REGION), (memfd, to_r, from_w), (to_w, from_r)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -452,7 +482,7 @@ class ProcessBackend(Backend):
         if channel not in CHANNELS:
             raise UsageError(f"unknown channel {channel!r}; choose {', '.join(CHANNELS)}")
         if channel == "shm" and not SHM_WORKS:
-            raise UsageError("the shared-memory channel needs Linux on x86-64 (memfd, eventfd); "
+            raise UsageError("the shared-memory channel needs Linux on x86-64 (memfd); "
                              "use channel='pipe'")
         self.isolation, self.seccomp, self.channel = isolation, seccomp, channel
         self.shared = channel == "shm" or (channel == "auto" and SHM_WORKS)
@@ -503,11 +533,11 @@ class ProcessBackend(Backend):
         layer, prefix, _, sec_on, _ = self._plan()
         argv = prefix + [sys.executable, "-s", "-B", RUNNER] + (["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()
-        mem, fds = None, ()
+        mem, fds, bells = None, (), ()
         if self.shared:
             try:
-                mem, fds = _shared_memory()
-            except OSError as e:  # memfd or eventfd refused (a locked-down host): pipes still work
+                mem, fds, bells = _shared_memory()
+            except OSError as e:  # memfd refused (a locked-down host): pipes still work
                 if self.channel == "shm":
                     err.close()
                     raise SandboxUnavailable(f"cannot set up the shared-memory channel: {e}; "
@@ -516,15 +546,17 @@ class ProcessBackend(Backend):
             proc = subprocess.Popen(argv + (["--shm", ",".join(map(str, fds))] if fds else []),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                     cwd="/", env=_env(hash_seed), bufsize=0, pass_fds=fds,
-                                    start_new_session=True, preexec_fn=_preexec(limits))
+                                    start_new_session=True,
+                                    preexec_fn=_preexec(limits, drop_capabilities=layer == "none"))
         except (OSError, subprocess.SubprocessError) as e:
             err.close()
-            for fd in fds:
+            for fd in fds + bells:
                 os.close(fd)
             raise SandboxUnavailable(f"cannot start the runner ({layer}): {e}") from None
+        for fd in fds:  # the runner's now (this process keeps its own mapping)
+            os.close(fd)
         if fds:
-            os.close(fds[0])  # the runner maps it; this process has its own mapping
-            transport = SharedTransport(proc, err, mem, fds[1:])
+            transport = SharedTransport(proc, err, mem, bells)
         else:
             transport = PipeTransport(proc, err)
         sandbox = Sandbox(transport, limits, backend=f"process/{layer}")

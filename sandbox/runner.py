@@ -4,7 +4,8 @@ Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` b
 isolation boundary (a process sandbox or a container). Standard library only; ``pyseccomp`` is
 used when asked for. It speaks the line protocol of ``sandbox/base.py``: one JSON request per line
 on stdin, one JSON reply per line on the original stdout (ops: load, new, reset, step, solve,
-ping, stats); with ``--shm``, the same messages through shared memory instead (see SHM_REGION).
+ping, stats, and the gate's batch "resets"); with ``--shm``, the same messages through shared
+memory instead (see SHM_REGION).
 Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
@@ -21,6 +22,7 @@ RecursionError included) becomes an error reply, and every value is checked to s
 ``json.dumps``/``json.loads`` unchanged. The runner exits when stdin closes.
 """
 import errno
+import gc
 import io
 import json
 import linecache
@@ -29,29 +31,56 @@ import mmap
 import os
 import resource
 import select
+import signal
 import sys
 import time
 import traceback
 import types
 
-#: Denied outright (EPERM). Names this libseccomp or architecture lacks are skipped.
-DENY = (
-    "socket", "socketpair", "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_writev",
-    "process_vm_readv", "creat", "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir",
-    "mkdirat", "rmdir", "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat",
-    "fchmodat2", "chown", "fchown", "lchown", "fchownat", "truncate", "ftruncate", "mknod",
-    "mknodat", "utime", "utimes", "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr",
-    "removexattr", "lremovexattr", "fremovexattr", "mount", "umount2", "chroot", "pivot_root",
-    "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "setuid", "setgid",
-    "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups",
-    "setsid", "setpgid", "unshare", "setns", "reboot", "bpf", "keyctl", "add_key", "request_key",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "perf_event_open",
-    "pidfd_open", "pidfd_getfd", "pidfd_send_signal", "name_to_handle_at", "open_by_handle_at",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon",
-    "swapoff", "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime",
-    "adjtimex", "acct", "quotactl", "syslog", "iopl", "ioperm", "fanotify_init",
+#: Kernel surface no env needs, denied (EPERM) on every layer with a filter of ours: the process
+#: sandbox's seccomp and the Docker sandbox's profile. Names this libseccomp or kernel lacks are
+#: skipped.
+KERNEL = (
+    "ptrace", "process_vm_writev", "process_vm_readv", "mount", "umount2", "chroot", "pivot_root",
+    "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "unshare", "setns",
+    "reboot", "bpf", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "userfaultfd", "perf_event_open", "pidfd_getfd", "name_to_handle_at",
+    "open_by_handle_at", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+    "delete_module", "swapon", "swapoff", "sethostname", "setdomainname", "settimeofday",
+    "clock_settime", "clock_adjtime", "adjtimex", "acct", "quotactl", "syslog", "iopl", "ioperm",
+    "fanotify_init", "personality",
 )
-CLONE_THREAD = 0x00010000
+#: Denied in the process sandbox as well, where the runner must stay the only process and the
+#: host's files may be visible: sockets, processes and threads, programs, file changes, ids.
+DENY = KERNEL + (
+    "socket", "socketpair", "fork", "vfork", "clone", "execve", "execveat", "creat", "unlink",
+    "unlinkat", "rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "link", "linkat",
+    "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown",
+    "lchown", "fchownat", "truncate", "ftruncate", "mknod", "mknodat", "utime", "utimes",
+    "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
+    "lremovexattr", "fremovexattr", "setuid", "setgid", "setreuid", "setregid", "setresuid",
+    "setresgid", "setfsuid", "setfsgid", "setgroups", "setsid", "setpgid", "pidfd_open",
+    "pidfd_send_signal",
+)
+LOW32 = 0xFFFFFFFF  # ioctl and fcntl commands are 32-bit: the upper half must not dodge a rule
+O_ASYNC = 0o20000
+#: Denied (EPERM) on every layer when all of a rule's (argument, mask, value) hold, argument &
+#: mask == value: what lets a process reach the host through a file it shares with it. TIOCSTI
+#: and TIOCLINUX type into a terminal; F_SETOWN, F_SETOWN_EX, F_SETSIG, O_ASYNC, FIOASYNC,
+#: FIOSETOWN and SIOCSPGRP make the kernel signal a process of one's choosing on I/O; a new user
+#: namespace is new kernel surface.
+ARGUMENT_RULES = (
+    ("ioctl", ((1, LOW32, 0x5412),)),   # TIOCSTI
+    ("ioctl", ((1, LOW32, 0x541C),)),   # TIOCLINUX
+    ("ioctl", ((1, LOW32, 0x5452),)),   # FIOASYNC
+    ("ioctl", ((1, LOW32, 0x8901),)),   # FIOSETOWN
+    ("ioctl", ((1, LOW32, 0x8902),)),   # SIOCSPGRP
+    ("fcntl", ((1, LOW32, 8),)),        # F_SETOWN
+    ("fcntl", ((1, LOW32, 10),)),       # F_SETSIG
+    ("fcntl", ((1, LOW32, 15),)),       # F_SETOWN_EX
+    ("fcntl", ((1, LOW32, 4), (2, O_ASYNC, O_ASYNC))),  # F_SETFL with O_ASYNC
+    ("clone", ((0, 0x10000000, 0x10000000),)),  # CLONE_NEWUSER
+)
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 COMPACT = (",", ":")
 ENCODE = json.JSONEncoder(allow_nan=False, separators=COMPACT).encode
@@ -71,11 +100,13 @@ def install_seccomp() -> list:
         else:
             filt.add_rule(sc.ERRNO(err), name, *args)
 
-    for name in DENY:
+    for name in DENY:  # clone included: threads too, so root cannot thread-bomb the machine
         deny(name)
     for name in ("clone3", "openat2"):  # flags live behind a pointer: ENOSYS, libc falls back
         deny(name, err=errno.ENOSYS)
-    deny("clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))  # new processes, not threads
+    for name, conditions in ARGUMENT_RULES:
+        if name != "clone":  # denied outright above
+            deny(name, *(sc.Arg(i, sc.MASKED_EQ, mask, value) for i, mask, value in conditions))
     for name in ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         deny(name, sc.Arg(0, sc.NE, os.getpid()))
     for name, flags_arg in (("open", 1), ("openat", 2)):
@@ -207,14 +238,16 @@ class Runner:
             return ENCODE(times)
         if op == "load":
             return self.load(req)
-        if op not in ("new", "reset", "step", "solve"):
+        if op not in ("new", "reset", "step", "solve", "resets"):
             raise Failure("protocol", f"unknown op {op!r}; known: load, new, reset, step, "
-                                      "solve, ping, stats")
+                                      "solve, resets, ping, stats")
         if self.module is None:
             raise Failure("protocol", f"{op} before load: load an env first")
         if op == "new":
             self.instances.append(self.call(self.env_cls))
             return str(len(self.instances) - 1)
+        if op == "resets":
+            return self.resets(self.instance(req), req.get("seeds"), req.get("max_s"))
         env, arg = self.instance(req), "action" if op == "step" else "seed"
         if arg not in req:
             raise Failure("protocol", f"{op} needs the field {arg!r}")
@@ -232,6 +265,31 @@ class Runner:
             raise Failure("contract", f"{op} must return a {len(names)}-tuple "
                                       f"({', '.join(names)}); it returned {got}")
         return self.json_text(op, list(value), "result", names)
+
+    def resets(self, env, seeds, max_s):
+        """The gate's many-resets probe, in one request: reset ``env`` to each of ``seeds`` in
+        turn for at most ``max_s`` seconds. Value: {"resets": [[hash of the result's sorted JSON
+        text, seconds], ...], "rss_kib": peak RSS after every tenth reset}; equal results give
+        equal hashes within this process, so the host sees drift, slowdown and growth."""
+        if (not isinstance(seeds, list) or not all(type(x) is int for x in seeds)
+                or type(max_s) not in (int, float)):
+            raise Failure("protocol", "resets needs a list of int 'seeds' and a number 'max_s'")
+        out, rss, end = [], [], time.perf_counter() + max_s
+        reset = self.call(getattr, env, "reset")
+        for i, seed in enumerate(seeds):
+            start = time.perf_counter()
+            value = self.call(reset, seed)
+            took = time.perf_counter() - start
+            try:
+                text = json.dumps(value, sort_keys=True, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as e:
+                raise Failure("json", f"reset's result is not JSON: {safe_str(e)}") from None
+            out.append([hash(text), took])
+            if i % 10 == 9:
+                rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+            if start > end:
+                break
+        return ENCODE({"resets": out, "rss_kib": rss})
 
     def answer(self, line):
         """(the reply line without its newline, None) for one request line; when the reply is an
@@ -301,14 +359,17 @@ SPIN_S = 200e-6
 #: memfd of two regions, requests then replies. Each region starts with two 8-byte words, the
 #: message's sequence number and its length, then the message (up to SHM_CAPACITY bytes). A
 #: sender writes the message, then its length, then the sequence number (x86-64 keeps stores in
-#: order), then rings its eventfd "bell"; a receiver spins on the sequence number, and blocks on
-#: the bell (and its pipe, for end-of-file) when spinning does not pay. A message longer than the
-#: region goes as a line on the pipe instead, its length word set to SHM_OVERSIZE.
+#: order), then rings its "bell", a byte on a pipe of its own; a receiver spins on the sequence
+#: number, and blocks on the bell (and its pipe, for end-of-file) when spinning does not pay. A
+#: message longer than the region goes as a line on the pipe instead, its length word set to
+#: SHM_OVERSIZE. Each bell is a pipe, not an eventfd: its two ends are separate open files, so
+#: nothing the runner does to its end (clearing O_NONBLOCK, filling it) can make the host's
+#: non-blocking end block; a full bell rings anyway.
 SHM_REGION = 1 << 20
 SHM_HEADER = 64
 SHM_CAPACITY = SHM_REGION - SHM_HEADER
 SHM_OVERSIZE = (1 << 64) - 1
-BELL = (1).to_bytes(8, sys.byteorder)
+BELL = b"\x01"
 
 
 def write_line(fd, data):
@@ -395,7 +456,7 @@ class Shared(Stream):
             for fd, _ in self.poller.poll():
                 if fd == self.bell_in:
                     try:
-                        os.read(fd, 8)  # reset the bell; the sequence number is what counts
+                        os.read(fd, 1 << 16)  # empty the bell; the sequence number is what counts
                     except BlockingIOError:
                         pass
                     continue
@@ -425,12 +486,124 @@ class Shared(Stream):
         else:
             words[at + 1] = SHM_OVERSIZE
             words[at] = self.seq
-        os.write(self.bell_out, BELL)
+        try:
+            os.write(self.bell_out, BELL)
+        except BlockingIOError:  # full: it rings anyway
+            pass
         if len(data) > SHM_CAPACITY:
             write_line(self.fd_out, data + b"\n")
 
 
+#: CPU seconds the runner may use between two calls. Waiting costs it microseconds (at most
+#: SPIN_S of spinning per request); more means env code ran while no call was in flight.
+IDLE_CPU_S = 0.05
+IDLE_EXIT = 4
+STDERR_FORWARDED = 16 << 10  # (Docker) the runner's stderr that reaches dockerd as it comes
+STDERR_KEPT = 2048           # and the tail of the rest, sent when the runner is gone
+PR_SET_DUMPABLE = 4
+
+
+def serve(channel, runner):
+    """Answer requests until the host hangs up. No env code runs between calls: every signal
+    stays blocked outside a call (the env's timers and handlers wait for its next call), and
+    trace, profile and gc hooks are dropped after each; what is left is caught on the runner's
+    CPU clock: CPU used while idle ends the sandbox, said on stderr, exit status IDLE_EXIT."""
+    answer, reply, cpu = runner.answer, channel.reply, time.process_time
+    block, everything = signal.pthread_sigmask, signal.valid_signals()
+    block(signal.SIG_SETMASK, everything)
+    idle_since = cpu()
+    for line in channel.requests():
+        idle = cpu() - idle_since
+        if idle > IDLE_CPU_S:
+            os.write(2, f"runner: env code used {idle:.2f} CPU seconds between calls; "
+                        "the sandbox stops\n".encode())
+            os._exit(IDLE_EXIT)
+        text = answer(line)[0]
+        block(signal.SIG_SETMASK, everything)  # env code may have unblocked some
+        sys.settrace(None)
+        sys.setprofile(None)
+        gc.callbacks.clear()
+        reply(text)
+        idle_since = cpu()
+
+
+def connect(path):
+    """(Docker) Make a connection to the host's socket the protocol's fds 0 and 1."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    os.dup2(s.fileno(), 0)
+    os.dup2(s.fileno(), 1)
+    s.close()
+
+
+def watch():
+    """(Docker) Fork: the runner goes on in the child; this process stays the container's first
+    process, out of the env's reach (pid 1 takes no signal it has no handler for, and it is not
+    dumpable: no ptrace, no /proc/1/mem for the same uid). It
+
+    - kills the runner when the host hangs up (its end of fd 0 closes: a host killed outright
+      included), which env code, busy or ignoring end-of-file, cannot prevent;
+    - drains the runner's stderr from a pipe, inside the container's CPU cap: the first
+      STDERR_FORWARDED bytes go on to dockerd, then only the last STDERR_KEPT, once the runner
+      is gone (unbounded output would cost dockerd CPU outside the cap);
+    - exits with the runner's status (128 + the signal when it was killed)."""
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        os.dup2(err_w, 2)
+        os.close(err_w)
+        return
+    import ctypes
+    os.close(err_w)
+    os.close(1)
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    os.set_blocking(err_r, False)
+    child = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(0, select.POLLRDHUP)
+    poller.register(child, select.POLLIN)
+    poller.register(err_r, select.POLLIN)
+    forwarded, tail = 0, bytearray()
+
+    def drain():
+        nonlocal forwarded, tail
+        while True:
+            try:
+                chunk = os.read(err_r, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            if forwarded < STDERR_FORWARDED:
+                part = chunk[:STDERR_FORWARDED - forwarded]
+                write_line(2, part)
+                forwarded += len(part)
+                chunk = chunk[len(part):]
+            tail = (tail + chunk)[-STDERR_KEPT:]
+
+    while True:
+        for fd, _ in poller.poll():
+            if fd == err_r and not drain():
+                poller.unregister(err_r)
+            elif fd == child:
+                _, status = os.waitpid(pid, 0)
+                drain()
+                if tail:
+                    write_line(2, b"\n[...]\n" + bytes(tail))
+                code = os.waitstatus_to_exitcode(status)
+                os._exit(code if code >= 0 else 128 - code)
+            elif fd == 0:
+                os.kill(pid, signal.SIGKILL)
+                poller.unregister(0)
+
+
 def main(argv):
+    if "--connect" in argv:
+        connect(argv[argv.index("--connect") + 1])
+    if "--watch" in argv:
+        watch()
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -449,9 +622,7 @@ def main(argv):
             os.write(2, f"runner: cannot install the seccomp filter: {e!r}\n".encode())
             os._exit(3)
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    answer, reply = Runner(info).answer, channel.reply
-    for line in channel.requests():
-        reply(answer(line)[0])
+    serve(channel, Runner(info))
     os._exit(0)
 
 

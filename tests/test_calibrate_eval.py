@@ -15,7 +15,7 @@ from envforge.cli import main  # noqa: E402
 from envforge.errors import EnvforgeError, InputError  # noqa: E402
 from tests.envfactory import GOOD_DIR  # noqa: E402
 from trainers.calibrate import report  # noqa: E402
-from trainers.evaluate import read_tasks, route_seeds  # noqa: E402
+from trainers.evaluate import parse_seeds, read_task_texts, read_tasks, route_seeds  # noqa: E402
 from trainers.rollout import Episode, mean_ci  # noqa: E402
 from trainers.router import find_adapters, routing_messages  # noqa: E402
 
@@ -26,10 +26,10 @@ def eps(scores):
 
 def test_calibration_report_on_built_groups():
     good = report(eps([0.0, 0.5, 1.0, 0.2] * 2), group_size=4)
-    assert good["ok"] and good["metrics"]["constant_group_fraction"] == 0.0
+    assert good.ok and good.metrics["constant_group_fraction"] == 0.0
     bad = report(eps([0.0] * 8 + [0.1, 0.0, 0.0, 0.0]), group_size=4)
-    assert not bad["ok"]
-    checks = {c["check"]: c for c in bad["checks"]}
+    assert not bad.ok and bad.to_dict()["advice"] == bad.advice
+    checks = {c["check"]: c for c in bad.checks}
     assert not checks["mean_reward"]["ok"] and "too hard" in checks["mean_reward"]["advice"]
     assert not checks["constant_groups"]["ok"] and "67% of groups" in checks["constant_groups"]["advice"]
 
@@ -106,13 +106,16 @@ def test_an_unreadable_tasks_file_is_an_input_error(tmp_path):
     missing = str(tmp_path / "missing.jsonl")
     for cmd in (["eval", "--tasks", missing], ["route", "--adapters", "x", "--tasks", missing]):
         r = CliRunner().invoke(main, cmd + ["--model", "no-such-model"])
-        assert r.exit_code == 1 and "cannot read the task" in r.output, r.output
+        assert r.exit_code == 2 and "cannot read the task" in r.output, r.output
         assert "missing.jsonl" in r.output and "Traceback" not in r.output
     with pytest.raises(InputError, match="cannot read"):
         read_tasks(missing)
     (tmp_path / "bad.jsonl").write_text('{"env": "x", "seed": 1}\nnot json\n')
-    with pytest.raises(InputError, match="neither JSON nor JSONL"):
+    with pytest.raises(InputError, match=r"bad.jsonl: want a JSON list or JSONL of \{"):
         read_tasks(tmp_path / "bad.jsonl")
+    (tmp_path / "texts.txt").write_text('Reset my password\n{"task": "Grant VPN"}\n\n')
+    assert read_task_texts(tmp_path / "texts.txt") == ["Reset my password", "Grant VPN"]
+    assert parse_seeds("2-4") == [2, 3, 4] and parse_seeds("0,5,9") == [0, 5, 9]
 
 
 def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():

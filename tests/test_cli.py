@@ -1,12 +1,21 @@
-"""`envforge audit` as a user runs it: a real subprocess, exit codes, JSON, clear errors."""
+"""The command line as a user runs it: real subprocesses (and click's runner where a process
+adds nothing), one exit-code rule across commands, options built from the config fields, clear
+errors before any long work."""
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from envforge.cli import main
 from tests.envfactory import GOOD_DIR, good_source, write_env
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FAST = ["--seeds", "8", "--call-timeout", "2"]
 
@@ -78,27 +87,185 @@ def test_usage_errors_exit_2(tmp_path):
     _no_traceback(p)
     p = run("audit", str(tmp_path))
     assert p.returncode == 2 and "without env.py" in p.stderr
-    p = run("audit", str(GOOD_DIR), "--target", str(tmp_path / "nowhere"))
-    assert p.returncode == 2 and "no such folder" in p.stderr
     p = run("audit")
     assert p.returncode == 2
     p = run("audit", str(GOOD_DIR), "--seeds", "1")
-    assert p.returncode == 2
+    assert p.returncode == 2 and p.stderr == "error: --seeds must be from 2 to 10000, got 1\n"
 
 
-def test_malformed_target_exits_1(tmp_path):
-    (tmp_path / "tools.json").write_text("{not json")
-    p = run("audit", str(GOOD_DIR), "--target", str(tmp_path / "tools.json"), "--static-only")
-    assert p.returncode == 1 and "not valid JSON" in p.stderr
+def test_audit_of_a_file_that_is_not_python_says_so(tmp_path):
+    policy = tmp_path / "policy.md"
+    policy.write_text("# Policy\n\nBe nice.\n- and check first\n")
+    p = run("audit", str(policy))
+    assert p.returncode == 2 and "policy.md is not an env.py (a Python file)" in p.stderr, p.stderr
     _no_traceback(p)
 
 
-def test_a_missing_target_is_a_usage_error_in_every_command(tmp_path):
+# ----------------------------------------------------------------------------- one exit-code rule
+
+def _trajectories(tmp_path):
     traj = tmp_path / "t.jsonl"
     traj.write_text(json.dumps({"task_id": "1", "reward": 1.0, "messages": [
         {"role": "user", "content": "hi"}]}) + "\n")
-    for args in (["audit", str(GOOD_DIR)], ["identify", str(traj)],
-                 ["synth", "--capability", "precondition verification"]):
-        p = run(*args, "--target", str(tmp_path / "nowhere"))
-        assert p.returncode == 2 and "no such folder or file" in p.stderr, (args, p.stderr)
-        _no_traceback(p)
+    return traj
+
+
+def _bad_targets(tmp_path):
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "notools.json").write_text(json.dumps({"hello": "world"}))
+    (tmp_path / "empty").mkdir()
+    return {"missing": (tmp_path / "nowhere", "no such folder or file"),
+            "junk JSON": (tmp_path / "junk.json", "not valid JSON"),
+            "not a tool list": (tmp_path / "notools.json", "tool"),
+            "empty folder": (tmp_path / "empty", "holds neither")}
+
+
+def test_a_bad_target_exits_2_in_every_command(tmp_path):
+    """Missing, junk JSON, not a tool list, an empty folder: what was asked cannot be done as
+    given, so every command exits 2 with one line saying what is wrong (it was 1 for the
+    malformed ones and 2 for a missing one)."""
+    traj = _trajectories(tmp_path)
+    commands = {"audit": ["audit", str(GOOD_DIR), "--static-only"], "identify": ["identify", str(traj),
+                "--no-plot", "--out", str(tmp_path / "caps.json")],
+                "synth": ["synth", "--capability", "precondition verification",
+                          "--out", str(tmp_path / "envs")]}
+    for kind, (target, words) in _bad_targets(tmp_path).items():
+        for name, args in commands.items():
+            r = CliRunner().invoke(main, [*args, "--target", str(target)])
+            assert r.exit_code == 2, (kind, name, r.output)
+            assert r.output.startswith("error: ") and words in r.output, (kind, name, r.output)
+            assert r.output.count("\n") == 1 and _clean(r), (kind, name, r.output)
+    assert not (tmp_path / "envs").exists() or not any((tmp_path / "envs").iterdir())
+
+
+def test_a_missing_input_path_exits_2_in_every_command(tmp_path):
+    nope = str(tmp_path / "nope")
+    for args in (["audit", nope], ["identify", nope, "--no-plot"], ["synth", "--from", nope],
+                 ["eval", "--tasks", nope, "--model", nope], ["route", "--tasks", nope, "--model",
+                                                              nope, "--adapters", nope]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and r.output.startswith("error: ") and "nope" in r.output, (args, r.output)
+        assert _clean(r), (args, r.output)
+
+
+def _clean(r) -> bool:
+    """No traceback: the command ended through sys.exit, not an exception."""
+    return r.exception is None or isinstance(r.exception, SystemExit)
+
+
+# ----------------------------------------------------------------------------- settings as flags
+
+@pytest.mark.parametrize("args, message", [
+    (["audit", str(GOOD_DIR), "--memory-mb", "10"], "--memory-mb must be at least 64, got 10"),
+    (["audit", str(GOOD_DIR), "--call-timeout", "0"], "--call-timeout must be greater than 0, got 0.0"),
+    (["synth", "-c", "x", "--attempts", "0"], "--attempts must be from 1 to 50, got 0"),
+    (["train", "x", "-m", "m", "--group-size", "1"], "--group-size must be at least 2, got 1"),
+    (["train", "x", "-m", "m", "--lr", "0"], "--lr must be greater than 0, got 0.0"),
+    (["calibrate", "x", "-m", "m", "--groups", "0"], "--groups must be at least 1, got 0"),
+])
+def test_a_setting_out_of_bounds_names_the_flag(args, message):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and r.output == f"error: {message}\n", r.output
+
+
+def test_defaults_and_help_come_from_the_config_fields():
+    from envforge.gate.config import GateSettings
+    from envforge.settings import field_of
+    from trainers.grpo_config import GRPOConfig
+    audit = main.get_command(None, "audit")
+    seeds = next(p for p in audit.params if p.name == "seeds")
+    assert seeds.default == GateSettings().seeds and seeds.help == field_of(GateSettings, "seeds").metadata["help"]
+    train = main.get_command(None, "train")
+    defaults = {p.name: p.default for p in train.params}
+    assert defaults["num_groups"] == GRPOConfig().num_groups and defaults["learning_rate"] == 1e-5
+    assert defaults["lora_alpha"] is None  # the config makes it 2 x rank, not the CLI
+
+
+# ----------------------------------------------------------------------------- synth
+
+def test_synth_works_offline_in_an_empty_folder_with_the_example_target(tmp_path):
+    """The command a new user types first: no --target (the example), files with the umask."""
+    p = subprocess.run([sys.executable, "-m", "envforge", "synth", "--capability",
+                        "precondition verification", "--seeds", "8"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300, preexec_fn=lambda: os.umask(0o022),
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_BASE_URL": "",
+                            "OPENAI_API_KEY": ""})
+    assert p.returncode == 0, p.stderr
+    assert "target: example (envforge's example helpdesk target; --target PATH for yours)" in p.stderr
+    folder = tmp_path / "generated_envs" / "helpdesk_precondition_verification"
+    for name in ("env.py", "manifest.json"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o644, name
+    assert "'example'" in run("synth", "--help").stdout
+
+
+def test_synth_checks_its_output_folder_before_any_work(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("hello")
+    r = CliRunner().invoke(main, ["synth", "-c", "precondition verification", "--out", str(readme)])
+    assert r.exit_code == 2 and r.output == (f"error: --out {readme}: is a file, not a folder; give "
+                                             "a folder (made when missing)\n"), r.output
+    assert readme.read_text() == "hello"
+
+
+def test_synth_trajectories_take_several_paths(tmp_path):
+    caps = tmp_path / "caps.json"
+    caps.write_text(json.dumps({"capabilities": [{"name": "x", "retained": False}]}))
+    good = _trajectories(tmp_path)
+    bad = tmp_path / "b.json"
+    bad.write_text("{not json")
+    r = CliRunner().invoke(main, ["synth", "--from", str(caps), "--trajectories", str(good), str(bad)])
+    assert r.exit_code == 2 and "b.json" in r.output and "not valid JSON" in r.output, r.output
+    bad.write_text(good.read_text())
+    r = CliRunner().invoke(main, ["synth", "--from", str(caps), "--trajectories", str(good), str(bad)])
+    assert r.exit_code == 2 and "has no retained capability" in r.output, r.output  # both read
+    r = CliRunner().invoke(main, ["synth", "-c", "precondition verification", "stray"])
+    assert r.exit_code == 2 and "unexpected argument 'stray'" in r.output, r.output
+
+
+# ----------------------------------------------------------------------------- audit and targets
+
+def test_an_audit_against_another_target_keeps_the_envs_own_report(tmp_path):
+    env = tmp_path / "env"
+    shutil.copytree(GOOD_DIR, env)
+    p = run("audit", str(env), "--static-only", "--json")
+    assert p.returncode == 0, p.stdout
+    own = json.loads((env / "report.json").read_text())
+    assert own["verdict"] == "accept" and own["target"] == "helpdesk" and own["target_schema_hash"]
+    other = tmp_path / "tools.json"
+    other.write_text(json.dumps([{"type": "function", "function": {
+        "name": "ping", "description": "Ping.", "parameters": {"type": "object", "properties": {}}}}]))
+    p = run("audit", str(env), "--static-only", "--target", str(other))
+    assert p.returncode == 1 and "schema" in p.stdout                       # judged against it...
+    assert "not written: this audit judged target tools, and the env was made for example" in p.stdout
+    assert json.loads((env / "report.json").read_text()) == own             # ...without overturning
+    import envforge
+    envforge.make(env, backend="process").close()                           # still usable
+
+
+# ----------------------------------------------------------------------------- trainers
+
+def test_adapters_and_outputs_are_checked_before_any_model_loads(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text("hello")
+    for cmd in (["eval", str(GOOD_DIR), "--seeds", "0"], ["calibrate", str(GOOD_DIR)]):
+        for adapter, what in ((empty, "holds no adapter_config.json"), (tmp_path / "nope", "does not exist")):
+            r = CliRunner().invoke(main, cmd + ["--model", str(model), "--adapter", str(adapter)])
+            assert r.exit_code == 2 and f"--adapter {adapter}: {what}" in r.output, (cmd, r.output)
+            assert _clean(r)
+    r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(model), "--out", str(readme)])
+    assert r.exit_code == 2 and f"--out {readme / GOOD_DIR.name}: cannot make this folder" in r.output, r.output
+    assert readme.read_text() == "hello"
+
+
+def test_an_interrupted_train_says_where_its_checkpoint_is(tmp_path):
+    from envforge.cli import _interrupted
+    ck = tmp_path / "checkpoint"
+    assert "before the first checkpoint" in _interrupted(ck)
+    ck.mkdir()
+    (ck / "state.json").write_text(json.dumps({"iteration": 3}))
+    assert _interrupted(ck) == (f"interrupted: {ck} holds 3 finished iteration(s); run the same "
+                                "command again to resume from there (--no-resume starts afresh)")

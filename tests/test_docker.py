@@ -112,7 +112,10 @@ def test_the_container_is_locked_down(make):
     info = client().api.inspect_container(sb.transport.id)
     host = info["HostConfig"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+    from sandbox.docker import seccomp_profile
+    assert host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges", f"seccomp={seccomp_profile()}"]
+    assert host["IpcMode"] == "none"  # no /dev/shm
     assert host["PidsLimit"] == 64 and host["NanoCpus"] == 10**9
     assert host["Memory"] == host["MemorySwap"] == (512 + 16 + 32) << 20
     assert host["Tmpfs"] == {"/tmp": "size=16m,mode=1777,noexec,nosuid,nodev"}
@@ -155,7 +158,9 @@ def test_hash_seed_reaches_the_runner(make):
 PROBE = '''\
 import os, socket
 status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
-seen = {"uid": os.getuid(), "pid": os.getpid(), "cap": status["CapEff"].strip(),
+pids = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+seen = {"uid": os.getuid(), "parent": os.getppid(), "pids": pids == {1, os.getpid()},
+        "cap": status["CapEff"].strip(),
         "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
         "ifs": [l.split(":")[0].strip() for l in open("/proc/net/dev")][2:],
         "env": sorted(os.environ)}
@@ -178,7 +183,7 @@ def test_inside_the_container(make, channel):
     import errno
     seen = step(make(env_with(step=PROBE + returning("seen")), channel=channel))[4]
     assert seen == {
-        "uid": 10001, "pid": 1, "cap": "0000000000000000", "nnp": "1", "seccomp": "2",
+        "uid": 10001, "parent": 1, "pids": True, "cap": "0000000000000000", "nnp": "1", "seccomp": "2",
         "ifs": ["lo"], "env": ["HOME", "HOSTNAME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE",
                                "PYTHONHASHSEED"],
         "/pwned": errno.EROFS, "/opt/envforge/runner.py": errno.EROFS,
@@ -300,9 +305,9 @@ print("ready", flush=True)
 """
 
 
-def host(case: str, spin: bool, then: str) -> subprocess.Popen:
+def host(case: str, spin: bool, then: str, prefix: list[str] = ()) -> subprocess.Popen:
     code = HOST.format(repo=str(REPO), session=SESSION, case=case, mark=MARK, spin=spin, then=then)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     assert len(containers(case=case)) == 1
@@ -339,17 +344,56 @@ def test_ctrl_c_in_a_call_unwinds_through_the_sandbox(image):
     assert containers(case="ctrl-c-call") == [] and processes_marked() == []
 
 
+def running(case: str) -> list[dict]:
+    return [c for c in containers(case=case) if c["State"] == "running"]
+
+
 @pytest.mark.parametrize("spin", [False, True], ids=["idle", "spinning"])
-def test_a_killed_host_leaves_a_container_that_the_next_start_reaps(image, spin):
-    proc = host(f"killed-{spin}", spin=spin, then="time.sleep(60)")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGKILL-pid-namespace"])
+def test_no_container_outlives_its_host(image, spin, how):
+    """A host killed outright (in its own pid namespace too, where its pid means nothing to the
+    next host), or terminated: its containers stop within 10 s, even with the env spinning in a
+    call (the container's first process kills the runner when the host's socket closes). On
+    SIGTERM they are removed at once; stopped ones of a killed host are the next start's
+    strays."""
+    case = f"{how}-{spin}"
+    proc = host(case, spin=spin, then="time.sleep(60)",
+                prefix=["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+                if how.endswith("pid-namespace") else [])
+    proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
+    proc.wait(timeout=10)
+    try:
+        if how == "SIGTERM":
+            assert wait_for(lambda: containers(case=case) == [], 10.0)
+        assert wait_for(lambda: running(case) == [], 10.0)
+        assert wait_for(lambda: processes_marked() == [], 5.0)
+        if how == "SIGKILL":  # an owner in this pid namespace: certainly gone
+            assert [c["Id"] for c in containers(case=case)] == backend().reap()
+            assert containers(case=case) == []
+    finally:
+        from sandbox.docker import client
+        for c in containers(case=case):
+            client().api.remove_container(c["Id"], force=True)
+
+
+def test_strays_are_listed_and_removed_by_doctor_clean(image):
+    """`envforge sandbox doctor --clean` removes containers whose owner is gone, and says so."""
+    from click.testing import CliRunner
+    from envforge.cli import main
+    from sandbox.docker import client
+    proc = host("doctor-clean", spin=True, then="time.sleep(60)")
+    [stray] = containers(case="doctor-clean")
     proc.kill()
     proc.wait(timeout=10)
-    if not spin:  # stdin EOF: the runner exits by itself
-        assert wait_for(lambda: not containers(case=f"killed-{spin}")[0]["State"] == "running")
-    b = backend()
-    assert [c["Id"] for c in containers(case=f"killed-{spin}")] == b.reap()
-    assert containers(case=f"killed-{spin}") == []
-    assert wait_for(lambda: processes_marked() == [])
+    try:
+        result = CliRunner().invoke(main, ["sandbox", "doctor", "--clean"])
+        assert result.exit_code == 0, result.output
+        assert f"removed stray container {stray['Id'][:12]} (" in result.output
+        assert "its owner is gone" in result.output
+        assert containers(case="doctor-clean") == []
+    finally:
+        for c in containers(case="doctor-clean"):
+            client().api.remove_container(c["Id"], force=True)
 
 
 # --------------------------------------------------------------------------- the gate on Docker

@@ -4,6 +4,7 @@ runs, typed errors per episode and recovery, pools, and the unsafe in-process ba
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -104,11 +105,12 @@ def test_seed_none_continues_the_seeded_generator(no_leak):
 def test_make_refuses_what_the_gate_rejects(tmp_path):
     rejected = write_env(tmp_path / "rejected", good_source())
     (rejected / "report.json").write_text(json.dumps({"verdict": "reject", "findings": [
-        {"check": "solvability", "severity": "error", "message": "solve() reaches 0.2"}]}))
-    with pytest.raises(InputError, match=r"rejected was rejected by the gate \(report.json\): "
-                                         r"solvability: solve\(\) reaches 0.2. Fix it and re-run "
-                                         r"`envforge audit`, or pass unsafe_skip_gate=True"):
+        {"check": "solvability", "severity": "error", "message": "solve() reaches 0.2."}]}))
+    with pytest.raises(InputError) as e:
         envforge.make(rejected, backend="process")
+    assert str(e.value) == (f"{rejected} was rejected by the gate (report.json): solvability: "
+                            "solve() reaches 0.2. Fix the env (or synthesize it again) and re-run "
+                            f"`envforge audit {rejected}`")  # one period; no Python-only advice
     static = write_env(tmp_path / "static", good_source().replace("import json\n", "import json\nimport os\n"))
     with pytest.raises(InputError, match=r"static/env.py fails the gate's static audit \(1 errors; "
                                          r"first: static.import: .*'os'"):
@@ -139,6 +141,24 @@ def test_step_outside_an_episode_is_a_usage_error(no_leak):
         assert play(env, 2)[1] is True
         with pytest.raises(UsageError, match="call reset"):
             env.step({"role": "assistant", "content": "hi"})
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("action, why", [
+    ("hello", "a message must be a dict, got str"),
+    ({"role": "user", "content": "hi"}, "got role 'user'"),
+    ({"role": "robot", "content": "hi"}, "message role must be one of"),
+    ({"role": "assistant", "content": 3}, "assistant content must be a string or null, got int"),
+])
+def test_an_action_that_is_not_an_assistant_message_is_refused(no_leak, action, why):
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        env.reset(seed=1)
+        with pytest.raises(ValueError, match=r"^step\(action\): the action must be an assistant "
+                                             r"message.*" + re.escape(why)):
+            env.step(action)
+        assert play(env, 1)[:2] == (1.0, True)  # the episode was not touched
     finally:
         env.close()
 
@@ -245,9 +265,9 @@ def test_make_with_a_pool_runs_only_the_pools_env_under_its_limits(tmp_path):
 
 
 def test_limits_out_of_range_are_usage_errors():
-    with pytest.raises(UsageError, match="^bad limits: memory_mb below 64"):
+    with pytest.raises(UsageError, match="^Limits.memory_mb must be at least 64, got 10$"):
         envforge.make(SLUG, memory_mb=10)
-    with pytest.raises(UsageError, match="^bad limits: call_timeout_s and load_timeout_s must be"):
+    with pytest.raises(UsageError, match="^Limits.call_timeout_s must be greater than 0, got 0$"):
         envforge.make_pool(SLUG, call_timeout_s=0)
 
 

@@ -196,20 +196,27 @@ def task_of(body: dict) -> str:
     return re.search(r"Trajectory \(task (\w+)\)", body["messages"][1]["content"]).group(1)
 
 
+def evidenced(labels: dict) -> dict:
+    """Labels with the evidence the rubric asks for: turn 0 says "please cancel R-..."."""
+    return {n: {"label": lab, "turn": None if lab == NA else 0,
+                "quote": None if lab == NA else "please cancel"} for n, lab in labels.items()}
+
+
 def good_reply(body: dict) -> str:
     if kind(body) == "discovery":
         return json.dumps({"capabilities": CAPS})
-    return json.dumps({"labels": TRUTH[task_of(body)]})
+    return json.dumps({"labels": evidenced(TRUTH[task_of(body)])})
 
 
 def llm_config(tmp_path, **kw) -> IdentifyConfig:
-    return IdentifyConfig(**{"labeler": "llm", "model": "test-model", "runs": 1, "concurrency": 4, **kw})
+    return IdentifyConfig(**{"labeller": "llm", "model": "test-model", "runs": 1, "concurrency": 4,
+                             "min_group": 3, **kw})
 
 
 def test_discovery_and_one_labelling_call_per_trajectory(server, tmp_path):
     server.responder = good_reply
     ts = trajectories()
-    report = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path))
+    report = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path)).to_dict()
     kinds = [kind(b) for b in server.requests]
     assert kinds.count("discovery") == 1 and kinds.count("labelling") == len(ts)
     assert sorted(task_of(b) for b in server.requests if kind(b) == "labelling") == sorted(TRUTH)
@@ -226,15 +233,21 @@ def test_discovery_and_one_labelling_call_per_trajectory(server, tmp_path):
                              "discovery_requests": 1, "invalid_replies": 0}
     # a re-run costs nothing
     server.reset_log()
-    again = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path))
+    again = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path)).to_dict()
     assert server.requests == [] and again["llm"]["cache_hits"] == 7 and again["llm"]["calls"] == 0
     assert again["capabilities"] == report["capabilities"]
 
 
 def test_labelling_asks_for_all_candidates_in_one_schema():
+    from envforge.llm import schema_problem
     schema = labelling_schema(["a", "b"])
     assert schema["properties"]["labels"]["required"] == ["a", "b"]
-    assert schema["properties"]["labels"]["properties"]["a"] == {"enum": ["PRESENT", "LACKING", "NA"]}
+    ok = {"labels": {"a": {"label": "NA"}, "b": {"label": "LACKING", "turn": 3, "quote": "x"}}}
+    assert schema_problem(ok, schema) is None
+    # PRESENT and LACKING need a turn and a quote
+    assert "'turn' is a required property" in schema_problem(
+        {"labels": {"a": {"label": "NA"}, "b": {"label": "PRESENT", "quote": "x"}}}, schema)
+    assert schema_problem({"labels": {"a": {"label": "maybe"}, "b": {"label": "NA"}}}, schema)
 
 
 def test_malformed_json_is_asked_again(server, tmp_path):
@@ -245,7 +258,7 @@ def test_malformed_json_is_asked_again(server, tmp_path):
             return "```json\n" + good_reply(body) + "\n```"  # fenced JSON is fine as it is
         return good_reply(body)
     server.responder = responder
-    report = identify(trajectories(), llm_config(tmp_path), client=make_client(server, tmp_path))
+    report = identify(trajectories(), llm_config(tmp_path), client=make_client(server, tmp_path)).to_dict()
     repairs = [b for b in server.requests if len(b["messages"]) == 4]
     assert len(repairs) == 1 and task_of(repairs[0]) == "f0"
     assert repairs[0]["messages"][2]["content"].startswith("Sure! Here are the labels")
@@ -258,12 +271,13 @@ def test_malformed_json_is_asked_again(server, tmp_path):
 
 def test_a_missing_label_is_asked_again_then_counted_na(server, tmp_path):
     def responder(body):
-        if kind(body) == "labelling" and task_of(body) == "f1":
-            return json.dumps({"labels": {"Precondition Verification": "lacking"}})  # no politeness
+        if kind(body) == "labelling" and task_of(body) == "f1":  # no politeness
+            return json.dumps({"labels": {"Precondition Verification": {
+                "label": "lacking", "turn": 0, "quote": "Please  CANCEL"}}})
         return good_reply(body)
     server.responder = responder
     report = identify(trajectories(), llm_config(tmp_path, max_repairs=1),
-                      client=make_client(server, tmp_path))
+                      client=make_client(server, tmp_path)).to_dict()
     f1 = [b for b in server.requests if kind(b) == "labelling" and task_of(b) == "f1"]
     assert len(f1) == 2  # the question, then one re-ask
     assert f1[1]["messages"][3]["content"] == (
@@ -272,14 +286,79 @@ def test_a_missing_label_is_asked_again_then_counted_na(server, tmp_path):
     assert report["llm"]["invalid_replies"] == 1
     pre = next(c for c in report["capabilities"] if c["name"] == "precondition verification")
     pol = next(c for c in report["capabilities"] if c["name"] == "politeness")
-    assert pre["examples"] == ["f0", "f1"]                    # the label it gave (in any case) counts
-    assert pol["counts"]["na_failure"] == 2                   # f2's NA, and f1's missing one
+    assert pre["examples"] == ["f0", "f1"]     # the label it gave (any case, quote spacing) counts
+    assert pol["counts"]["na_failure"] == 2    # f2's NA, and f1's missing one
+
+
+def test_evidence_must_be_quoted_from_the_turn_it_names(server, tmp_path):
+    """A label whose quote is not in the named turn is asked again; still unsupported, NA."""
+    def responder(body):
+        if kind(body) == "labelling" and task_of(body) == "f0":
+            labels = evidenced(TRUTH["f0"])
+            labels["precondition verification"] = {"label": LACKING, "turn": 3, "quote": "please cancel"}
+            labels["politeness"] = {"label": LACKING, "turn": 99, "quote": "hello"}
+            return json.dumps({"labels": labels})
+        return good_reply(body)
+    server.responder = responder
+    result = identify(trajectories(), llm_config(tmp_path, max_repairs=1), client=make_client(server, tmp_path))
+    f0 = [b for b in server.requests if kind(b) == "labelling" and task_of(b) == "f0"]
+    assert len(f0) == 2
+    assert f0[1]["messages"][3]["content"].startswith(
+        "That reply cannot be used: evidence not found: precondition verification: the quote "
+        "'please cancel' is not in turn 3; politeness: turn 99 is not a message index between 0 and 3")
+    assert result.llm["invalid_replies"] == 1
+    row = next(r for r in result.label_rows() if r["task_id"] == "f0")
+    assert row["labels"] == {"precondition verification": NA, "politeness": NA}
+    assert row["evidence"]["politeness"] == {"turn": None, "why": "llm: no label with checked evidence"}
+    # the prompt numbers the turns the quotes must come from, and carries the rubric
+    prompt = f0[0]["messages"][1]["content"]
+    assert "[0] USER: please cancel R-f0" in prompt and "[3] AGENT: Done." in prompt
+    assert "rubric: LACKING: the agent changed an entity" in prompt
+    good = next(r for r in result.label_rows() if r["task_id"] == "f1")
+    assert good["evidence"]["precondition verification"] == {"turn": 0, "why": 'llm: "please cancel"'}
+
+
+def test_hybrid_shows_the_rules_evidence_and_the_model_confirms_or_corrects(server, tmp_path):
+    """No discovery: the structural capabilities, each with the rule's label and evidence; the
+    model's checked label wins, and where it gives none the rule's label stands."""
+    from envforge.identify import STRUCTURAL_RULES
+    names = [r.capability.name for r in STRUCTURAL_RULES]
+
+    def responder(body):
+        assert body["messages"][0]["content"].startswith("You check the labels a rule-based labeller")
+        text = body["messages"][1]["content"]
+        rules = dict(re.findall(r"^- (.+?): (PRESENT|LACKING|NA)\b", text.split("rule-based labels")[1], re.M))
+        labels = {n: {"label": lab, "turn": None if lab == NA else 0,
+                      "quote": None if lab == NA else "please cancel"} for n, lab in rules.items()}
+        if task_of(body) == "f0":  # corrects one label, gives unsupported evidence for another
+            labels["precondition verification"] = {"label": PRESENT, "turn": 0, "quote": "please cancel"}
+            labels["confirmation before write"] = {"label": PRESENT, "turn": 2, "quote": "not there"}
+        return json.dumps({"labels": labels})
+    server.responder = responder
+    result = identify(trajectories(), llm_config(tmp_path, labeller="hybrid", max_repairs=0),
+                      client=make_client(server, tmp_path))
+    assert result.labeller == "hybrid" and [c["name"] for c in result.capabilities] != []
+    assert {c["name"] for c in result.capabilities} == set(names)
+    kinds = [kind(b) for b in server.requests]
+    assert kinds == ["labelling"] * 6                                     # no discovery
+    prompt = next(b for b in server.requests if task_of(b) == "f0")["messages"][1]["content"]
+    # the rule's evidence is shown: the cancel had no read of R-f0 before it
+    assert "- precondition verification: LACKING (turn 1): cancel_reservation on R-f0 with no earlier read" in prompt
+    row = next(r for r in result.label_rows() if r["task_id"] == "f0")
+    assert row["labels"]["precondition verification"] == PRESENT            # corrected
+    assert row["evidence"]["precondition verification"]["why"] == 'llm: "please cancel"'
+    assert row["labels"]["confirmation before write"] == LACKING            # the rule's label stands
+    assert "without an explicit yes" in row["evidence"]["confirmation before write"]["why"]
+    other = next(r for r in result.label_rows() if r["task_id"] == "f1")
+    assert other["labels"]["precondition verification"] == LACKING
+    assert other["evidence"]["precondition verification"]["why"] == 'confirmed: "please cancel"'
+    assert result.llm["invalid_replies"] == 1 and result.llm["discovery_requests"] == 0
 
 
 def test_429s_during_a_run(server, tmp_path):
     server.fail(429, times=3, retry_after=0)
     server.responder = good_reply
-    report = identify(trajectories(), llm_config(tmp_path), client=make_client(server, tmp_path))
+    report = identify(trajectories(), llm_config(tmp_path), client=make_client(server, tmp_path)).to_dict()
     assert server.statuses.count(429) == 3 and server.ok_count == 7
     assert report["llm"]["retries"] == 3 and report["llm"]["calls"] == 7
 
@@ -297,7 +376,7 @@ def test_an_interrupted_run_resumes(server, tmp_path):
     assert 1 <= first < 7
     server.reset_log()
     server.responder = good_reply
-    report = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path))
+    report = identify(ts, llm_config(tmp_path), client=make_client(server, tmp_path)).to_dict()
     assert first + server.ok_count == 7                # nothing answered twice
     assert report["llm"]["cache_hits"] == first
     assert "f2" in [task_of(b) for b in server.requests if kind(b) == "labelling"]
@@ -313,7 +392,7 @@ def test_several_runs_merge_their_discoveries(server, tmp_path):
         return json.dumps({"labels": {n: NA for n in names}})
     server.responder = responder
     report = identify(trajectories(), llm_config(tmp_path, runs=3, max_candidates=3),
-                      client=make_client(server, tmp_path))
+                      client=make_client(server, tmp_path)).to_dict()
     seeds = sorted(b["seed"] for b in server.requests if kind(b) == "discovery")
     assert seeds == [0, 1, 2]                                  # one batch per run, its own seed
     # the common candidate first (proposed by 3 batches), then the first two of the others
@@ -378,15 +457,15 @@ def test_cli_llm_labeller_end_to_end(server, tmp_path):
     write_jsonl(trajectories(), tmp_path / "t.jsonl")
     args = ["identify", str(tmp_path / "t.jsonl"), "--labeler", "llm", "--model", "test-model",
             "--runs", "1", "--json", "--no-plot", "--out", str(tmp_path / "c.json"),
-            "--cache-dir", str(tmp_path / "cache")]
+            "--cache-dir", str(tmp_path / "cache"), "--min-group", "3"]
     env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "sk-test"}
     r = CliRunner().invoke(main, args, env=env)
     assert r.exit_code == 0, r.output
-    report = json.loads(r.output)
-    assert report["llm"]["calls"] == 7 and report["labeler"] == "llm"
+    report = json.loads(r.stdout)
+    assert report["llm"]["calls"] == 7 and report["labeller"] == "llm"
     assert json.loads((tmp_path / "c.json").read_text()) == report
     r = CliRunner().invoke(main, args, env=env)                       # cached: no request at all
-    assert r.exit_code == 0 and json.loads(r.output)["llm"]["cache_hits"] == 7
+    assert r.exit_code == 0 and json.loads(r.stdout)["llm"]["cache_hits"] == 7
     assert len(server.requests) == 7
 
 

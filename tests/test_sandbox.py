@@ -396,11 +396,17 @@ def test_a_runner_that_exits_is_reported_with_its_status(make):
 
 def test_a_request_the_runner_does_not_read_times_out_on_the_call_limit(make):
     """The runner is busy (a reset that spins, sent raw) while a request longer than the pipe
-    goes out: the call gives up after its own time limit, not the load limit, and says so."""
-    sb = make(env_with(reset="while True:\n    pass"), call_timeout_s=0.5)
+    goes out: the call gives up after its own time limit, not the load limit, and says so. The
+    step goes out only once the reset is running (its stderr says so): on a busy machine the
+    runner could otherwise still be waiting, and read the step instead (a race, not a bug)."""
+    sb = make(env_with(reset="import os\nos.write(2, b'spinning')\nwhile True:\n    pass"),
+              call_timeout_s=0.5)
     sb.new()
     sb.transport.send(b'{"id": 99, "op": "reset", "instance": 0, "seed": 1}\n',
                       time.monotonic() + 5)
+    deadline = time.monotonic() + 30
+    while "spinning" not in sb.transport.describe_exit() and time.monotonic() < deadline:
+        time.sleep(0.01)
     t = time.monotonic()
     with pytest.raises(SandboxTimeout, match="^step did not read its request within 0.5 s; "
                                              "the sandbox was killed$"):
@@ -567,7 +573,7 @@ def test_the_shared_memory_cannot_change_size():
     from sandbox.process import _shared_memory
     if not SHM_WORKS:
         pytest.skip("the shared-memory channel needs Linux on x86-64")
-    mem, fds = _shared_memory()
+    mem, fds, bells = _shared_memory()
     try:
         seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
         for seal in (fcntl.F_SEAL_SHRINK, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SEAL):
@@ -576,7 +582,7 @@ def test_the_shared_memory_cannot_change_size():
             os.ftruncate(fds[0], 4096)
     finally:
         mem.close()
-        for fd in fds:
+        for fd in fds + bells:
             os.close(fd)
 
 
@@ -605,18 +611,32 @@ def test_a_lying_shared_memory_reply_is_a_typed_error_in_time(make, size, error,
     assert time.monotonic() - t < 3 and sb.closed and not sb.transport.alive()
 
 
-def test_a_runner_that_fills_the_hosts_bell_does_not_stop_it(make):
-    """An eventfd's counter that is full refuses a write; the host's bell then rings anyway."""
-    fill = ("import gc, os\n"
-            "ch = next(o for o in gc.get_objects() if type(o).__name__ == 'Shared')\n"
-            "try:\n    os.read(ch.bell_in, 8)\nexcept BlockingIOError:\n    pass\n"
-            "os.write(ch.bell_in, (0xfffffffffffffffe).to_bytes(8, 'little'))\n"
-            + returning("{}"))
-    sb = make(env_with(step=fill), backend=with_channel("shm"))
-    step(sb)
+def test_a_full_bell_rings_anyway(make):
+    """A bell the runner never empties (it found the memory by spinning) fills up: the host's
+    write is refused, never blocks, and the call goes on."""
+    sb = make(GOOD_ENV, backend=with_channel("shm"))
+    with pytest.raises(BlockingIOError):
+        while True:
+            os.write(sb.transport._bell_in, b"x" * 4096)
     assert all(sb.ping() for _ in range(100))
     time.sleep(0.01)  # the runner blocks on that bell now
     assert sb.ping()
+
+
+def test_the_runner_cannot_make_the_hosts_bells_block(make):
+    """Env code clears O_NONBLOCK on every fd it has and fills its bell: the host's ends are
+    open files of their own (pipes, not a shared eventfd) and stay non-blocking."""
+    attack = ("import fcntl, gc, os\n"
+              "ch = next(o for o in gc.get_objects() if type(o).__name__ == 'Shared')\n"
+              "for fd in range(64):\n    try:\n        fcntl.fcntl(fd, fcntl.F_SETFL, 0)\n"
+              "    except OSError:\n        pass\n"
+              "try:\n    os.write(ch.bell_out, b'x' * (1 << 20))\nexcept OSError:\n    pass\n"
+              + returning("{}"))
+    sb = make(env_with(step=attack), backend=with_channel("shm"))
+    step(sb)
+    for fd in (sb.transport._bell_in, sb.transport._bell_out):
+        assert not os.get_blocking(fd)
+    assert all(sb.ping() for _ in range(100))
 
 
 @pytest.mark.parametrize("body", [returning('{"b": "x" * 50_000_000}'),

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 from envforge.cli import main
 from envforge.errors import UsageError
-from envforge.synth import (CapabilitySpec, SynthConfig, existing_env, load_capabilities,
-                            resolve_synthesizer, sha256, slug_for, synthesize)
+from envforge.synth import (FAMILIES, CapabilitySpec, SynthConfig, existing_env, family_list,
+                            load_capabilities, resolve_synthesizer, sha256, slug_for, synthesize)
 from envforge.targets import load_target
 from envforge.trajectories import Trajectory
-from tests.conftest import REPO, TARGETS, needs_shared
+from tests.conftest import REPO, SHARED, TARGETS, needs_shared
 
 FAST = ["--seeds", "8"]
 SLUG = "helpdesk_precondition_verification"
@@ -92,14 +92,30 @@ def test_an_accepted_env_is_never_overwritten_silently(out):
     assert json.loads((out / SLUG / "manifest.json").read_text())["capability"] == "verifying preconditions"
 
 
-def test_a_hand_written_or_edited_env_is_kept(out):
-    shutil.copytree(REPO / "generated_envs" / SLUG, out / SLUG)   # envforge's own example env
+def shipped_env(out, audited: bool) -> None:
+    """envforge's own example env, copied file by file (never what a user's earlier commands
+    left in the checkout's folder: ``envforge audit generated_envs/*`` writes a report.json there),
+    with the report of ``envforge audit`` run on the copy when ``audited``."""
+    (out / SLUG).mkdir(parents=True)
+    for name in ("env.py", "manifest.json"):
+        shutil.copyfile(REPO / "generated_envs" / SLUG / name, out / SLUG / name)
+    if audited:
+        assert invoke("audit", str(out / SLUG), *FAST).exit_code == 0
+
+
+@pytest.mark.parametrize("audited, what", [
+    (False, "an env.py whose verdict is unknown (no report, or edited since)"),
+    (True, "an accepted env")])       # README's order: `envforge audit generated_envs/*`, then synth
+def test_a_hand_written_or_edited_env_is_kept(out, audited, what):
+    shipped_env(out, audited)
     r = invoke("synth", "-c", "precondition verification", "-t", "example", "--out", str(out), "--json")
     assert r.exit_code == 1
     assert json.loads(r.output)["error"] == (
-        f"{out / SLUG} already holds an env.py whose verdict is unknown (no report, or edited since) "
-        "for 'precondition verification'; pass --force to overwrite it, or --out to write elsewhere")
+        f"{out / SLUG} already holds {what} for 'precondition verification'; pass --force to "
+        "overwrite it, or --out to write elsewhere")
     assert (out / SLUG / "env.py").read_text() == (REPO / "generated_envs" / SLUG / "env.py").read_text()
+    if audited:
+        return
     other = out / "helpdesk_confirmation_before_write"
     assert invoke("synth", "-c", "confirmation before write", "-t", "example", "--out", str(out),
                   *FAST).exit_code == 0
@@ -140,13 +156,9 @@ def test_synth_on_a_real_target_names_the_target_path(out):
     (["-c", "precondition verification", "-t", "no/such/target"],
      "error: --target no/such/target: no such folder or file; give a target folder (holding "
      "agent_tools.openai.json or tools.json), a JSON file of tool schemas, or 'example'\n"),
-    (["-c", "escalation judgement", "-t", "example"],
-     "error: capability 'escalation judgement' matches none of the template synthesizer's families; "
-     "name one of: 'precondition verification' (precondition_verification); 'structured data "
-     "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
-     "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
-     "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use --llm "
-     "openai, which takes any capability)\n"),
+    (["-c", "greets the customer politely", "-t", "example"],
+     "error: capability 'greets the customer politely' matches none of the template synthesizer's "
+     f"families; name one of: {family_list()} (or use --llm openai, which takes any capability)\n"),
     (["-c", "precondition verification", "-t", "example", "--llm", "openai"],
      "error: --llm openai needs an endpoint (OPENAI_BASE_URL, or OPENAI_API_KEY for api.openai.com) "
      "and a model (--model): set OPENAI_BASE_URL (and OPENAI_API_KEY) and pass --model, or use --llm "
@@ -196,6 +208,8 @@ CAPS = {"capabilities": [
      "examples": ["t1", "t2"], "example_tasks": ["Reset my password please", "Extend loan LN-1"]},
     {"name": "confirmation before write", "description": "asks first", "retained": True},
     {"name": "escalation judgement", "description": "transfers when it must", "retained": True},
+    {"name": "greets the customer politely", "description": "says hello", "retained": True},
+    {"name": "smiles", "description": "", "retained": True},
     {"name": "tool-call argument precision", "description": "exact ids", "retained": False},
 ]}
 
@@ -204,14 +218,19 @@ def test_from_capabilities_json(tmp_path, out):
     path = tmp_path / "capabilities.json"
     path.write_text(json.dumps(CAPS))
     r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(out), *FAST, "--json")
-    assert r.exit_code == 1                                  # one capability has no family
+    assert r.exit_code == 1                                  # two capabilities have no family
     results = json.loads(r.output)
     assert [(x["capability"], x["verdict"]) for x in results] == [
         ("precondition verification", "accept"), ("confirmation before write", "accept"),
-        ("escalation judgement", "error")]
-    assert results[2]["error"].startswith("capability 'escalation judgement' matches none of the "
-                                          "template synthesizer's families; name one of:")
-    assert sorted(x.name for x in out.iterdir()) == ["helpdesk_confirmation_before_write", SLUG]
+        ("escalation judgement", "accept"), ("greets the customer politely", "error"),
+        ("smiles", "error")]
+    # each row says what is wrong in one line; the list of families is not repeated in every row
+    assert [x["error"] for x in results[3:]] == [
+        f"capability {name!r} matches none of the template synthesizer's {len(FAMILIES)} families "
+        f"(envforge synth -c {name!r} lists them); use --llm openai, which takes any capability"
+        for name in ("greets the customer politely", "smiles")]
+    assert sorted(x.name for x in out.iterdir()) == [
+        "helpdesk_confirmation_before_write", "helpdesk_escalation_judgement", SLUG]
     # identify's example tasks reach the env's manifest (train copies them; the router shows them)
     assert json.loads((out / SLUG / "manifest.json").read_text())["examples"] == [
         "Reset my password please", "Extend loan LN-1"]
@@ -220,7 +239,7 @@ def test_from_capabilities_json(tmp_path, out):
     # --all takes the capabilities identify did not retain too; the accepted ones are kept
     r = invoke("synth", "--from", str(path), "--all", "-t", "example", "--out", str(out), *FAST)
     assert r.exit_code == 1
-    assert "helpdesk_argument_precision" in r.output and "3 of 4 accepted" in r.output
+    assert "helpdesk_argument_precision" in r.output and "4 of 6 accepted" in r.output
     assert "already accepted; kept (--force to redo)" in r.output
 
 
@@ -228,11 +247,11 @@ def test_from_a_file_without_retained_capabilities(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"capabilities": [{"name": "x", "retained": False}]}))
     r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
-    assert r.exit_code == 1 and r.output == (f"Error: {path} has no retained capability to synthesize "
+    assert r.exit_code == 2 and r.output == (f"error: {path} has no retained capability to synthesize "
                                              "(pass --all to take every capability it lists)\n")
     path.write_text("[1, 2]")
     r = invoke("synth", "--from", str(path), "-t", "example", "--out", str(tmp_path))
-    assert r.exit_code == 1 and r.output.startswith(f"error: {path}: expected {{\"capabilities\":")
+    assert r.exit_code == 2 and r.output.startswith(f"error: {path}: expected {{\"capabilities\":")
 
 
 def test_two_capabilities_of_one_family_make_one_env(out):
@@ -253,7 +272,7 @@ def test_load_capabilities_renders_failing_examples(tmp_path):
     passing = Trajectory("t2", [{"role": "user", "content": "hi"}], 1.0, True)
     specs = load_capabilities(path, trajectories=[failing, passing])
     assert [s.name for s in specs] == ["precondition verification", "confirmation before write",
-                                       "escalation judgement"]
+                                       "escalation judgement", "greets the customer politely", "smiles"]
     assert len(specs[0].examples) == 1 and "cancel my order" in specs[0].examples[0]
     assert specs[1].examples == [] and specs[0].description == "reads before writing"
     assert specs[0].tasks == ["Reset my password please", "Extend loan LN-1"] and specs[1].tasks == []
@@ -278,7 +297,7 @@ def test_load_capabilities_takes_the_examples_identify_wrote(tmp_path):
     ts = [run("a.json", "a: failed for another reason", 0.0, True),
           run("b.json", "b: cancelled unasked", 0.0, False), run("c.json", "c: passed", 1.0, True)]
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(identify(ts, IdentifyConfig(runs=1))))
+    path.write_text(json.dumps(identify(ts, IdentifyConfig(runs=1)).to_dict()))
     spec = next(s for s in load_capabilities(path, retained_only=False, trajectories=ts)
                 if s.name == "confirmation before write")
     assert len(spec.examples) == 1 and spec.examples[0].startswith("USER: b: cancelled unasked")
@@ -301,3 +320,20 @@ def test_import_synth_is_light():
     heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "envforge.gate",
              "envforge.cli", "sandbox")
     assert not [m for m in mods if m.startswith(heavy)]
+
+
+@needs_shared
+def test_identify_then_synth_from_works_offline(tmp_path, out):
+    """README's chain on the real trajectories: the structural labeller's capabilities (all of
+    them, with --all) each get a template env that the gate accepts on tau2 retail."""
+    caps = tmp_path / "capabilities.json"
+    files = sorted(str(p) for p in (SHARED / "trajectories").glob("*.json"))
+    r = invoke("identify", *files, "-o", str(caps), "--no-plot", "--json")
+    assert r.exit_code == 0, r.output
+    found = json.loads(caps.read_text())["capabilities"]
+    assert found[0]["name"] == "action completion" and found[0]["retained"]
+    r = invoke("synth", "--from", str(caps), "--all", "-t", str(TARGETS / "tau2" / "retail"),
+               "--out", str(out), *FAST, "--json")
+    results = json.loads(r.output)
+    assert [(x["capability"], x["verdict"]) for x in results] == [(c["name"], "accept") for c in found]
+    assert r.exit_code == 0

@@ -1,9 +1,13 @@
-"""The template synthesizer (envforge/synth/templates.py, classify.py, families.py, envsrc/):
-tool classification, value recipes, family matching, and the matrix: every family on every target
-in ../shared/targets and on envforge's own example target passes the full gate."""
+"""The template synthesizer (envforge/synth/templates.py, classify.py, runtime.py, families/):
+tool classification, value recipes, the family registry and matching, and the matrix: every
+family on every target in ../shared/targets and on envforge's own example target passes the
+full gate (where the target has the tools the family needs)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -14,10 +18,11 @@ from envforge.gate import audit
 from envforge.gate.dynamic import GateSettings
 from envforge.gate.static import audit_static
 from envforge.synth.classify import Catalog, Unsupported, id_pattern, recipe
-from envforge.synth.families import FAMILIES, match_family
+from envforge.synth import families as registry
+from envforge.synth.families import ENV_PY, FAMILIES, discover, match_family
 from envforge.synth.templates import plan, synthesize_template
 from envforge.targets import Target, load_target
-from tests.conftest import TARGETS, needs_shared
+from tests.conftest import REPO, TARGETS, needs_shared
 
 SHARED_TARGETS = {"retail": "tau2/retail", "airline": "tau2/airline", "telecom": "tau2/telecom",
                   "mock": "tau2/mock", "toolsandbox": "toolsandbox"}
@@ -151,6 +156,55 @@ def test_information_gathering_needs_a_way_to_find_a_record():
 # ============================================================================= families
 
 
+def test_every_family_module_imports_on_its_own():
+    """Each in a fresh process: its planning part and its env class, on the runtime's names."""
+    for f in FAMILIES:
+        code = (f"import envforge.synth.families.{f.slug} as m; "
+                "assert m.FAMILY.slug == m.__name__.rsplit('.', 1)[1]; assert isinstance(m.Env, type)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        text = (REPO / "envforge" / "synth" / "families" / f"{f.slug}.py").read_text()
+        assert text.count("\n" + ENV_PY) == 1 and "\nclass Env(BaseEnv):" in "\n" + f.source
+        assert "envforge" not in f.source       # the part that goes into env.py stands alone
+
+
+def test_adding_a_family_is_adding_one_file(tmp_path, monkeypatch):
+    """A module dropped into the families folder is registered, matched and rendered into an
+    env that the gate accepts; nothing else changes."""
+    text = (REPO / "envforge" / "synth" / "families" / "argument_precision.py").read_text()
+    text = (text.replace('slug="argument_precision"', 'slug="exact_values"')
+            .replace('name="tool-call argument precision"', 'name="exact values"')
+            .replace("rank=30", "rank=5"))
+    (tmp_path / "exact_values.py").write_text(text)
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    try:
+        found = discover()
+        assert [f.slug for f in found][:1] == ["exact_values"] and len(found) == len(FAMILIES) + 1
+        family = match_family("exact values", families=found)
+        src, summary = synthesize_template("exact values", family, load_target("example"))
+        assert summary["family"] == "exact_values" and "Family: exact values" in src
+        (tmp_path / "env").mkdir()
+        (tmp_path / "env" / "env.py").write_text(src)
+        report = audit(tmp_path / "env", target=load_target("example"), settings=GateSettings(seeds=8),
+                       write_report=False)
+        assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+    finally:
+        sys.modules.pop("envforge.synth.families.exact_values", None)
+
+
+def test_a_family_module_must_be_named_after_its_slug(tmp_path, monkeypatch):
+    text = (REPO / "envforge" / "synth" / "families" / "argument_precision.py").read_text()
+    (tmp_path / "precise.py").write_text(text)
+    monkeypatch.setattr(registry, "__path__", [str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match="FAMILY.slug is 'argument_precision'; it must be the "
+                                             "module's name, 'precise'"):
+            discover()
+    finally:
+        sys.modules.pop("envforge.synth.families.precise", None)
+
+
+
 @pytest.mark.parametrize("text, slug", [
     ("precondition verification", "precondition_verification"),
     ("Policy adherence / refusal", "policy_adherence"),
@@ -162,6 +216,12 @@ def test_information_gathering_needs_a_way_to_find_a_record():
     ("verifying order status before cancelling", "precondition_verification"),
     ("asks for explicit consent", "confirmation_before_write"),
     ("computing refund totals", "structured_data_reasoning"),
+    ("action completion", "action_completion"),
+    ("stops early before finishing every change", "action_completion"),
+    ("error recovery", "error_recovery"),
+    ("retries after a failed tool call", "error_recovery"),
+    ("escalation judgement", "escalation_judgement"),
+    ("knows when to transfer to a human", "escalation_judgement"),
 ])
 def test_capability_text_maps_to_the_nearest_family(text, slug):
     assert match_family(text).slug == slug
@@ -169,14 +229,23 @@ def test_capability_text_maps_to_the_nearest_family(text, slug):
 
 def test_unknown_capability_text_fails_listing_the_families():
     with pytest.raises(UsageError) as e:
-        match_family("escalation judgement", "transfers to a human when the request is out of scope")
+        match_family("greets the customer politely", "says hello and thanks")
     assert str(e.value) == (
-        "capability 'escalation judgement' matches none of the template synthesizer's families; name "
-        "one of: 'precondition verification' (precondition_verification); 'structured data "
-        "reasoning' (structured_data_reasoning); 'tool-call argument precision' (argument_precision); "
-        "'confirmation before write' (confirmation_before_write); 'policy adherence / refusal' "
-        "(policy_adherence); 'multi-step information gathering' (information_gathering) (or use "
-        "--llm openai, which takes any capability)")
+        "capability 'greets the customer politely' matches none of the template synthesizer's "
+        "families; name one of: 'precondition verification' (precondition_verification); "
+        "'structured data reasoning' (structured_data_reasoning); 'tool-call argument precision' "
+        "(argument_precision); 'confirmation before write' (confirmation_before_write); 'policy "
+        "adherence / refusal' (policy_adherence); 'multi-step information gathering' "
+        "(information_gathering); 'action completion' (action_completion); 'error recovery' "
+        "(error_recovery); 'escalation judgement' (escalation_judgement) (or use --llm openai, "
+        "which takes any capability)")
+
+
+def test_every_capability_of_the_structural_labeller_has_a_family():
+    """So that `envforge identify` then `envforge synth --from` works offline."""
+    from envforge.identify import STRUCTURAL_RULES
+    for capability, _ in STRUCTURAL_RULES:
+        assert match_family(capability.name, capability.description).name == capability.name
 
 
 # ============================================================================= the env it writes
@@ -260,10 +329,123 @@ def test_argument_precision_users_speak_loosely():
         0.2 + 0.8 * 2 / 3, 4)
 
 
+def _by_skill(Env, seeds=80, when=lambda env: True) -> dict:
+    """The first seed of each sub-skill (whose scenario passes ``when``)."""
+    found = {}
+    for seed in range(seeds):
+        env = Env()
+        _, info = env.reset(seed)
+        if when(env):
+            found.setdefault(info["skill"], seed)
+    return found
+
+
+def _args(action) -> dict:
+    return json.loads(action["tool_calls"][0]["function"]["arguments"])
+
+
+def test_action_completion_credits_each_change():
+    Env = load_env(synthesize_template("action completion", "action_completion", load_target("example"))[0])
+    seed = _by_skill(Env, when=lambda env: len(env._sc["keys"]) == 3)["listed"]
+    ref = Env().solve(seed)
+    reads, writes, report = ref[:3], ref[3:6], ref[6]
+    assert [a["tool_calls"][0]["function"]["name"] for a in ref[:6]] == ["get_ticket_details"] * 3 + ["close_ticket"] * 3
+    assert play(Env, seed, ref)[0] == 1.0
+    assert play(Env, seed, reads + writes[:1] + [report])[0] == round(1 / 3, 4)   # stopped early
+    assert play(Env, seed, reads + writes[:2] + [report])[0] == round(2 / 3, 4)
+    assert play(Env, seed, writes + [report])[0] == 0.8                            # read none first
+    # a change nobody asked for halves the score
+    env = Env()
+    env.reset(seed)
+    other = next(k for k in env._w["entities"] if k not in env._sc["keys"])
+    wrong = assistant(None, [tool_call("close_ticket", dict(_args(writes[0]), ticket_id=other), "x")])
+    assert play(Env, seed, reads + writes + [wrong, report])[0] == 0.5
+    # talking before doing anything gets the request again, and no reward
+    score, seen, _ = play(Env, seed, [report])
+    assert score == 0.0 and seen[-1]["content"].startswith("As I said: please close ticket for each of")
+    # "all my tickets that are <status>": the user names no id; reading tells which
+    seed = _by_skill(Env)["all_with_status"]
+    env = Env()
+    obs, _ = env.reset(seed)
+    sc = env._sc
+    assert not any(k in obs["messages"][1]["content"] for k in sc["keys"])
+    assert f"that are {sc['status'].replace('_', ' ')}" in obs["messages"][1]["content"]
+    assert play(Env, seed, Env().solve(seed))[0] == 1.0
+
+
+def test_error_recovery_rewards_the_fixed_call():
+    Env = load_env(synthesize_template("error recovery", "error_recovery", load_target("example"))[0])
+    seeds = _by_skill(Env)
+    seed = seeds["id_format"]
+    env = Env()
+    obs, _ = env.reset(seed)
+    sc = env._sc
+    assert sc["said"] != sc["key"] and sc["said"] in obs["messages"][1]["content"]
+    ref = Env().solve(seed)
+    assert _args(ref[0])["ticket_id"] == sc["said"]                # the id as the user typed it
+    score, seen, _ = play(Env, seed, ref)
+    assert score == 1.0
+    assert seen[2]["content"] == (f"Error: ticket {json.dumps(sc['said'])} not found. Ticket ids are "
+                                  f"written like {sc['sample']} (this one is an example, not yours).")
+    assert play(Env, seed, ref[:1] + [assistant("I'm sorry, I cannot find that ticket.")])[0] == 0.0
+    assert play(Env, seed, ref[:1] + ref[2:])[0] == 0.8            # fixed, but never read it
+    seed = seeds["stale_read"]
+    ref = Env().solve(seed)
+    assert len(ref) == 4
+    score, seen, _ = play(Env, seed, ref)
+    assert score == 1.0 and seen[3]["content"].startswith("Error: ticket ") and \
+        "was changed by another request since it was read; read it again with get_ticket_details" in seen[3]["content"]
+    score, seen, _ = play(Env, seed, ref[:2] + ref[1:2])           # retried without reading again
+    assert score == 0.0 and "has not been read since it changed" in seen[-1]["content"]
+    wrong = dict(_args(ref[-1]), resolution=_args(ref[-1])["resolution"] + " (edited)")
+    assert play(Env, seed, ref[:3] + [assistant(None, [tool_call("close_ticket", wrong, "w")])])[0] == round(
+        0.2 + 0.8 * 1 / 2, 4)                                      # every argument is checked
+
+
+def test_escalation_judgement_transfers_when_and_only_when_out_of_scope():
+    Env = load_env(synthesize_template("escalation judgement", "escalation_judgement", load_target("example"))[0])
+    seeds = _by_skill(Env)
+    assert sorted(seeds) == ["in_scope", "out_of_scope_record", "out_of_scope_request"]
+
+    def transfer(summary):
+        return assistant(None, [tool_call("transfer_to_human_agents", {"summary": summary}, "t")])
+    for skill, seed in seeds.items():
+        ref = Env().solve(seed)
+        env = Env()
+        obs, _ = env.reset(seed)
+        key = env._sc["key"]
+        assert play(Env, seed, ref)[0] == 1.0, skill
+        if skill == "in_scope":
+            assert play(Env, seed, ref[:1] + [transfer(f"ticket {key}")])[0] == 0.0
+            assert play(Env, seed, ref[1:])[0] == 0.7             # done, but without reading it
+        else:
+            write = assistant(None, [tool_call("close_ticket", {"ticket_id": key, "resolution": "done"}, "w")])
+            assert play(Env, seed, ref[:1] + [write])[0] == 0.0
+            assert play(Env, seed, ref[:1] + [transfer("the user needs help")])[0] == 0.7
+            assert play(Env, seed, [transfer(f"about ticket {key}")])[0] == 0.3   # not read first
+    env = Env()
+    obs, _ = env.reset(seeds["out_of_scope_record"])
+    status = env._w["entities"][env._sc["key"]]["status"]
+    assert f"A ticket whose status is '{status}' may only be changed by a human agent" in obs["messages"][0]["content"]
+
+
 # ============================================================================= the matrix
 
 
 MATRIX_TARGETS = ["retail", "airline", "telecom", "mock", "toolsandbox", "example"]
+#: The pairs of the matrix whose target lacks a tool the family needs.
+UNSUPPORTED = {"escalation_judgement": ("toolsandbox",)}
+
+
+@pytest.mark.parametrize("name", MATRIX_TARGETS)
+def test_a_family_is_unsupported_only_where_the_target_lacks_its_tools(name):
+    t = target(name)
+    for f in FAMILIES:
+        if name in UNSUPPORTED.get(f.slug, ()):
+            with pytest.raises(Unsupported, match="it needs a tool that transfers the user to a human"):
+                plan(f, t)
+        else:
+            plan(f, t)
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +465,10 @@ def matrix_results(tmp_path_factory):
         name, f, t = job
         folder = out / f"{name}_{f.slug}"
         folder.mkdir()
-        src, _ = synthesize_template(f.name, f, t)
+        try:
+            src, _ = synthesize_template(f.name, f, t)
+        except Unsupported as e:
+            return (name, f.slug), (str(e), 0.0)
         (folder / "env.py").write_text(src)
         t0 = time.perf_counter()
         report = audit(folder, target=t, settings=GateSettings(seeds=20), write_report=False)
@@ -299,6 +484,9 @@ def test_matrix_every_family_on_every_target_is_accepted(matrix_results, name, f
     if name != "example" and not (TARGETS / SHARED_TARGETS[name]).is_dir():
         pytest.skip(f"{TARGETS / SHARED_TARGETS[name]} is absent")
     report, seconds = matrix_results[(name, family)]
+    if isinstance(report, str):
+        assert name in UNSUPPORTED.get(family, ()), report
+        pytest.skip(report)
     errors = [f"{f.check}: {f.message}" for f in report.findings if f.severity == "error"]
     assert report.verdict == "accept", errors
     scores = report.stats["mean_score"]
@@ -320,3 +508,69 @@ def test_full_gate_on_a_few(tmp_path, name, family):
     report = audit(tmp_path, target=t, write_report=False)
     assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
     assert report.stats["solved"] == "50/50"
+
+
+# ============================================================================= the people in a scenario
+
+PERSON = r"([A-Z][a-z]+ [A-Z][a-z]+)"
+
+
+def _pairs():
+    for name in MATRIX_TARGETS:
+        for f in FAMILIES:
+            yield name, f.slug
+
+
+@pytest.mark.parametrize("name, family", list(_pairs()))
+def test_the_person_in_the_users_words_is_the_one_the_tools_return(name, family):
+    """Over many seeds: the name and identity details the user gives are those of the record the
+    tools return for them (a lookup's id, the owner's record), an id made of a person's name is
+    that person's, and a request made for someone else names the owner of the record."""
+    t = target(name)
+    try:
+        src, _ = synthesize_template(family, family, t)
+    except Unsupported:
+        pytest.skip(f"{family} needs tools {name} lacks")
+    ns: dict = {}
+    exec(compile(src, "env.py", "exec"), ns)  # noqa: S102 - our own template output
+    owner, roles = ns["PLAN"]["owner"], ns["ROLES"]
+    if owner is None:
+        pytest.skip(f"{name}: the records {family} uses have no owner")
+    named_ids = any(isinstance(part, list) and part[0] in ("f", "l")
+                    for pattern in owner["id"]["patterns"] for part in pattern)
+    lookups = {n for n, r in roles.items() if r["kind"] == "lookup"}
+    for seed in range(40):
+        env = ns["Env"]()
+        obs, _ = env.reset(seed)
+        w = env._w
+        opening = obs["messages"][1]["content"]
+        for oid, rec in w["owners"].items():
+            first, last = rec["name"].split(" ")
+            if named_ids:
+                assert first.lower() in oid and last.lower() in oid, (seed, oid, rec["name"])
+            for param, field in owner["identity"].items():
+                if field in ("first_name", "last_name"):
+                    assert rec[param] == {"first_name": first, "last_name": last}[field]
+                if field == "email":
+                    assert rec[param].startswith(f"{first}.{last}".lower()), (seed, rec)
+        said = re.search(r"I'm " + PERSON, opening)
+        if said:
+            assert said.group(1) == w["owners"][w["caller"]]["name"], (seed, opening)
+            for param, field in owner["identity"].items():
+                value = w["owners"][w["caller"]][param]
+                assert str(value) in opening, (seed, param, opening)
+        other = re.search(r"for my \w+ " + PERSON + r", who asked me to handle this for them: "
+                          r"their \S+ (\S+)\.", opening)
+        if other:
+            key = other.group(2)
+            assert w["owners"][w["entities"][key][owner["param"]]]["name"] == other.group(1), (seed, opening)
+        # the reference's lookups return the caller, who is the person the user said they are
+        for action in env.solve(seed):
+            o, *_ = env.step(action)
+            for call, msg in zip(action.get("tool_calls") or [], o["messages"]):
+                if call["function"]["name"] in lookups:
+                    found = msg["content"] if not msg["content"].startswith("{") else \
+                        json.loads(msg["content"])[owner["param"]]
+                    assert found == w["caller"], (seed, msg)
+                    if said:
+                        assert w["owners"][found]["name"] == said.group(1)

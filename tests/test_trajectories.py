@@ -60,6 +60,11 @@ def test_tau2_mock_real_file_with_unknown_expected_actions():
     by_id = {t.task_id: t for t in ts}
     assert by_id["create_task_1_nl_eval"].expected_actions is None  # the task gives no actions
     assert by_id["impossible_task_1"].expected_actions[0]["compare_args"] == []
+    # a task that starts with earlier turns: how many of the messages are that pre-filled history
+    hist = by_id["update_task_with_message_history"]
+    assert hist.metadata["history"] == 4 and hist.messages[3]["role"] == "assistant"
+    assert "history" not in by_id["create_task_1"].metadata
+    assert [t.metadata["index"] for t in ts] == list(range(10))  # the position in the file
     _check_messages(ts)
 
 
@@ -86,7 +91,7 @@ def test_tau_bench_v1_real_file():
     assert ts[0].messages[0]["role"] == "system"
     assert ts[0].expected_actions[0]["name"] == "book_reservation"
     assert ts[0].expected_actions[0]["arguments"]["total_baggages"] == 3
-    assert ts[0].metadata == {"source": str(SHARED / V1), "format": "tau-bench", "trial": 0}
+    assert ts[0].metadata == {"source": str(SHARED / V1), "format": "tau-bench", "trial": 0, "index": 0}
     _check_messages(ts)
 
 
@@ -213,6 +218,12 @@ def test_unknown_format(tmp_path):
         load_trajectories(f)
     assert str(e.value).startswith(f"{f}: unknown trajectory format (top level is an object with "
                                    "keys rows); expected a tau2-bench Results file")
+
+
+def test_an_empty_run_list_holds_no_trajectories(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text("[]")
+    assert load_trajectories(f) == []  # not "unknown trajectory format": identify says "no trajectories"
 
 
 def test_broken_records_name_the_place(tmp_path):

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from envforge.settings import Settings, setting
+from sandbox.base import BACKENDS
 from trainers.rollout import SUCCESS, EnvFactory, is_constant, run_episodes
 
 BAND = (0.2, 0.6)
@@ -18,20 +20,37 @@ MAX_CONSTANT = 0.2
 
 
 @dataclass
-class CalibrationConfig:
-    groups: int = 8
-    group_size: int = 16  # paper / official code group size
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    first_env_seed: int = 0
-    seed: int = 0
-    pool_size: int = 8
-    backend: str = "auto"
-    call_timeout_s: float = 10.0
+class CalibrationConfig(Settings):
+    """Settings of one calibration run."""
+    groups: int = setting(8, "Env seeds (groups of rollouts).", low=1)
+    group_size: int = setting(16, "Rollouts per seed (paper and official code: 16).", low=2)
+    max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
+    temperature: float = setting(1.0, "Sampling temperature (0: greedy; every group is constant).",
+                                 low=0)
+    first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
+    seed: int = setting(0, "Seeds the policy's sampling.")
+    pool_size: int = setting(8, "Warm sandboxes.", low=1)
+    backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
+    call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)
+
+
+@dataclass
+class Calibration:
+    """What calibration found: the metrics, each target's check, and the advice for a miss."""
+    ok: bool
+    metrics: dict
+    checks: list[dict]
+    advice: list[str]
+    env: str | None = None
+    env_hash: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"env": self.env, "env_hash": self.env_hash, "ok": self.ok, "metrics": self.metrics,
+                "checks": self.checks, "advice": self.advice}
 
 
 def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
-              unsafe_skip_gate: bool = False) -> dict:
+              unsafe_skip_gate: bool = False) -> Calibration:
     import torch
     c = config or CalibrationConfig()
     torch.manual_seed(c.seed)
@@ -44,7 +63,8 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
     return report(episodes, c.group_size, env=str(env), env_hash=env_hash)
 
 
-def report(episodes, group_size: int, **extra) -> dict:
+def report(episodes, group_size: int, env: str | None = None,
+           env_hash: str | None = None) -> Calibration:
     scores = [e.score for e in episodes]
     groups = [scores[i:i + group_size] for i in range(0, len(scores), group_size)]
     constant = sum(is_constant(g) for g in groups)
@@ -78,6 +98,5 @@ def report(episodes, group_size: int, **extra) -> dict:
                    "target": f"<= {MAX_CONSTANT}", "advice": "" if v <= MAX_CONSTANT else
                    f"{v:.0%} of groups have equal rewards (no GRPO gradient); add partial credit, "
                    "raise the temperature or the group size, or adjust the difficulty"})
-    ok = all(c["ok"] for c in checks)
-    return {**extra, "ok": ok, "metrics": metrics, "checks": checks,
-            "advice": [c["advice"] for c in checks if not c["ok"]]}
+    return Calibration(all(c["ok"] for c in checks), metrics, checks,
+                       [c["advice"] for c in checks if not c["ok"]], env, env_hash)

@@ -10,33 +10,99 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from envforge.errors import EnvforgeError, InputError
+from envforge.errors import EnvforgeError, InputError, UsageError
 from trainers.rollout import EnvFactory, mean_ci, run_episodes
 
 
-def read_tasks(path: str | Path) -> list[dict]:
+def read_items(path: str | Path) -> list:
+    """The items of a task file: a JSON list, or one item a line (JSONL, or plain text where a
+    line is not JSON)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read the task list {path}: {e}") from None
+        raise InputError(f"cannot read the task file {path}: {e}") from None
     try:
         items = json.loads(text)
+        return items if isinstance(items, list) else [items]
     except ValueError:
-        try:
-            items = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError as e:
-            raise InputError(f"{path}: neither JSON nor JSONL ({e})") from None
-    if not isinstance(items, list) or not all(isinstance(t, dict) and "env" in t and
-                                              isinstance(t.get("seed"), int) for t in items):
-        raise InputError(f"{path}: want a list of {{\"env\": ..., \"seed\": int}} items")
+        pass
+    out: list = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append(line.strip())
+    return out
+
+
+def read_tasks(path: str | Path) -> list[dict]:
+    """Evaluation tasks: ``{"env": slug-or-path, "seed": int}`` items."""
+    items = read_items(path)
+    if not items or not all(isinstance(t, dict) and "env" in t and isinstance(t.get("seed"), int)
+                            and not isinstance(t.get("seed"), bool) for t in items):
+        raise InputError(f"{path}: want a JSON list or JSONL of {{\"env\": ..., \"seed\": int}} items")
     return items
+
+
+def read_task_texts(path: str | Path) -> list[str]:
+    """Task texts to route: one a line, or JSON/JSONL items with a ``"task"`` field."""
+    texts = []
+    for item in read_items(path):
+        if isinstance(item, dict) and isinstance(item.get("task"), str):
+            texts.append(item["task"])
+        elif isinstance(item, str):
+            texts.append(item)
+        else:
+            raise InputError(f"{path}: want task texts, one a line, or JSON items with a \"task\" "
+                             f"string; got {json.dumps(item)[:80]}")
+    return texts
+
+
+def parse_seeds(text: str) -> list[int]:
+    """Env seeds from 'A-B' (inclusive, A <= B) or 'a,b,c'."""
+    ids: list[int] = []
+    try:
+        if "-" in text and "," not in text:
+            a, b = text.split("-")
+            ids = list(range(int(a), int(b) + 1))
+        else:
+            ids = [int(s) for s in text.split(",")]
+    except ValueError:
+        pass
+    if not ids:
+        raise UsageError(f"--seeds {text!r}: want a range 'A-B' with A <= B (e.g. 0-19) or a "
+                         "list 'a,b,c' of integers (e.g. 0,5,9)")
+    return ids
+
+
+@dataclass
+class Evaluation:
+    """The scores of a policy: overall, per sub-skill and per env (each a mean with its 95%
+    confidence interval), the routes a routed policy took, and every episode."""
+    policy: str
+    overall: dict
+    per_skill: dict
+    per_env: dict = field(default_factory=dict)
+    routes: list = field(default_factory=list)
+    episodes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {"policy": self.policy, "overall": self.overall, "per_skill": self.per_skill}
+        if self.per_env:
+            d["per_env"] = self.per_env
+        if self.routes:
+            d["routes"] = self.routes
+        d["episodes"] = self.episodes
+        return d
 
 
 def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperature: float = 0.0,
              pool_size: int = 4, backend: str = "auto", seed: int = 0,
-             unsafe_skip_gate: bool = False, call_timeout_s: float = 10.0) -> dict:
+             unsafe_skip_gate: bool = False, call_timeout_s: float = 10.0) -> Evaluation:
     import torch
     from trainers.router import RoutedPolicy
     by_env: dict[str, list[int]] = defaultdict(list)
@@ -55,21 +121,16 @@ def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperatur
                 for ep in run_episodes(policy, factory, bucket, max_new_tokens=max_new_tokens,
                                        temperature=temperature):
                     episodes.append({"env": env, "choice": choice or None, **ep.summary()})
-    result = {"policy": getattr(policy, "name", ""), "overall": mean_ci([e["score"] for e in episodes])}
     skills = defaultdict(list)
+    envs = defaultdict(list)
     for e in episodes:
         if e["skill"]:
             skills[e["skill"]].append(e["score"])
-    result["per_skill"] = {k: mean_ci(v) for k, v in sorted(skills.items())}
-    if len(by_env) > 1:
-        envs = defaultdict(list)
-        for e in episodes:
-            envs[e["env"]].append(e["score"])
-        result["per_env"] = {k: mean_ci(v) for k, v in envs.items()}
-    if routes:
-        result["routes"] = routes
-    result["episodes"] = episodes
-    return result
+        envs[e["env"]].append(e["score"])
+    return Evaluation(getattr(policy, "name", ""), mean_ci([e["score"] for e in episodes]),
+                      {k: mean_ci(v) for k, v in sorted(skills.items())},
+                      {k: mean_ci(v) for k, v in envs.items()} if len(by_env) > 1 else {},
+                      routes, episodes)
 
 
 def route_seeds(policy, factory: EnvFactory, env: str, seeds: list[int], routes: list) -> dict:

@@ -31,112 +31,18 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from envforge.errors import UsageError
-from sandbox.base import BACKENDS
+from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
 from trainers.policy import Policy, set_threads
 from trainers.rollout import Episode, EnvFactory, is_constant, run_episodes
 
 CHECKPOINT = "checkpoint"
-
-
-@dataclass
-class GRPOConfig:
-    """Settings of one GRPO run. Defaults marked (paper) come from TRACE, section 3."""
-
-    # the adapter
-    lora_rank: int = field(default=32, metadata={"help": "LoRA rank (paper: 32; the official code uses 16)."})
-    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha (scale = alpha / rank)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0 keeps rollouts and "
-                                                        "the loss deterministic)."})
-    target_modules: Any = field(default="all-linear", metadata={"help": "Modules that get LoRA "
-                                "layers: 'all-linear' or a list of module names."})
-    # rollouts
-    num_groups: int = field(default=4, metadata={"help": "Groups (env seeds) per iteration (paper: G = 4)."})
-    group_size: int = field(default=4, metadata={"help": "Rollouts per seed (paper: K = 4; official code: 16)."})
-    iterations: int = field(default=40, metadata={"help": "Training iterations (paper: 40, i.e. 640 rollouts)."})
-    max_new_tokens: int = field(default=256, metadata={"help": "Most tokens the policy samples per turn."})
-    max_turns: int | None = field(default=None, metadata={"help": "Most policy turns per episode "
-                                  "(None: the env's own max_turns)."})
-    max_context_tokens: int = field(default=4096, metadata={"help": "An episode whose context would "
-                                    "exceed this is truncated."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling of rollouts."})
-    dynamic_sampling: bool = field(default=True, metadata={"help": "Drop groups with constant "
-                                   "rewards and re-collect on fresh seeds (official code)."})
-    max_resample_rounds: int = field(default=3, metadata={"help": "Re-collection rounds per iteration "
-                                     "before training on the groups there are."})
-    # the loss
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (paper: 1e-5)."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    epsilon_low: float = field(default=0.2, metadata={"help": "Clip the ratio below at 1 - epsilon_low."})
-    epsilon_high: float = field(default=0.28, metadata={"help": "Clip the ratio above at 1 + "
-                                "epsilon_high (official code: DAPO clip 0.28)."})
-    kl_coef: float = field(default=0.0, metadata={"help": "Weight of KL to the base model (official code: 0)."})
-    updates_per_iteration: int = field(default=1, metadata={"help": "Optimizer steps on each batch "
-                                       "of rollouts (>1 makes the clipping bite)."})
-    micro_batch_size: int = field(default=4, metadata={"help": "Episodes per forward/backward pass."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping (0: none)."})
-    advantage_eps: float = field(default=1e-4, metadata={"help": "Added to the group std before dividing."})
-    # the run
-    seed: int = field(default=0, metadata={"help": "Seeds LoRA init and rollout sampling (env "
-                      "seeds come from first_env_seed)."})
-    first_env_seed: int = field(default=0, metadata={"help": "Env seeds are first_env_seed, +1, ..."})
-    threads: int | None = field(default=None, metadata={"help": "torch threads (None: torch's default)."})
-    device: str = field(default="cpu", metadata={"help": "'cpu', 'cuda', 'cuda:1', ..."})
-    pool_size: int | None = field(default=None, metadata={"help": "Warm sandboxes (None: one per "
-                                  "rollout of an iteration, at most 16)."})
-    backend: str = field(default="auto", metadata={"help": "Sandbox backend: auto, process, docker."})
-    call_timeout_s: float = field(default=10.0, metadata={"help": "Time limit of one env call."})
-    save_every: int = field(default=1, metadata={"help": "Checkpoint every N iterations."})
-
-    def __post_init__(self) -> None:
-        positive = ("lora_rank", "lora_alpha", "num_groups", "iterations", "max_new_tokens",
-                    "max_context_tokens", "updates_per_iteration", "micro_batch_size", "save_every")
-        for name in positive:
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise UsageError(f"GRPOConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.group_size, int) or self.group_size < 2:
-            raise UsageError(f"GRPOConfig.group_size must be at least 2 (a group of one has no "
-                             f"advantage: its reward equals its mean), got {self.group_size!r}")
-        if not self.learning_rate > 0:
-            raise UsageError(f"GRPOConfig.learning_rate must be > 0, got {self.learning_rate!r}")
-        if not (0 <= self.epsilon_low < 1) or self.epsilon_high < 0:
-            raise UsageError(f"GRPOConfig.epsilon_low must be in [0, 1) and epsilon_high >= 0, got "
-                             f"{self.epsilon_low!r} and {self.epsilon_high!r}")
-        if self.kl_coef < 0:
-            raise UsageError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
-        if self.temperature <= 0:
-            raise UsageError(f"GRPOConfig.temperature must be > 0 for GRPO (greedy rollouts of one "
-                             f"seed are identical), got {self.temperature!r}")
-        if not (0 < self.top_p <= 1):
-            raise UsageError(f"GRPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise UsageError(f"GRPOConfig.max_turns must be None or >= 1, got {self.max_turns!r}")
-        if self.max_resample_rounds < 0:
-            raise UsageError(f"GRPOConfig.max_resample_rounds must be >= 0, got {self.max_resample_rounds!r}")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"GRPOConfig.threads must be None or >= 1, got {self.threads!r}")
-        if self.pool_size is not None and self.pool_size < 1:
-            raise UsageError(f"GRPOConfig.pool_size must be None or >= 1, got {self.pool_size!r}")
-        if self.backend not in BACKENDS:
-            raise UsageError(f"GRPOConfig.backend must be one of {', '.join(BACKENDS)}, "
-                             f"got {self.backend!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UsageError(f"GRPOConfig.device is {self.device!r} but torch sees no CUDA device; "
-                             "use device='cpu'")
-
-    @property
-    def rollouts_per_iteration(self) -> int:
-        return self.num_groups * self.group_size
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # --------------------------------------------------------------------------- the math

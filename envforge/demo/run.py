@@ -218,7 +218,7 @@ def family_of(name: str) -> str | None:
 
 
 def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
-    from trainers.grpo import GRPOConfig
+    from trainers.grpo_config import GRPOConfig
     return GRPOConfig(iterations=iterations, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed + seed_offset, threads=cfg.threads, backend=cfg.backend,

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Callable
 
 from envforge.contract import CHECKS, Report, warning
-from envforge.errors import InputError, UsageError
-from envforge.gate.dynamic import GateSettings, run_dynamic
+from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.gate.config import GateSettings
+from envforge.gate.dynamic import run_dynamic
 from envforge.gate.schema import check_schema
 from envforge.gate.static import audit_static
 from envforge.targets import Target, load_target
@@ -40,6 +41,9 @@ def resolve_env(path: str | Path) -> Path:
         return p / "env.py"
     if not p.exists():
         raise UsageError(f"{p} does not exist; give an env folder (holding env.py) or an env.py file")
+    if p.suffix != ".py":
+        raise UsageError(f"{p} is not an env.py (a Python file); give an env folder (holding "
+                         "env.py) or an env.py file")
     return p
 
 
@@ -81,7 +85,8 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
     except OSError as e:
         raise InputError(f"{env_file}: cannot read ({e.strerror})") from None
     tgt, why = target_for(env_file, target)
-    report = Report(path=str(path), target=tgt.name if tgt else None)
+    report = Report(path=str(path), target=tgt.name if tgt else None,
+                    target_schema_hash=tgt.schema_hash() if tgt else None)
     say = progress or (lambda s: None)
 
     t0 = time.perf_counter()
@@ -116,8 +121,37 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
         report.stages["dynamic"] = time.perf_counter() - t0
     report.findings.sort(key=lambda f: (CHECKS.index(f.check), f.severity != "error"))
     if write_report and Path(path).is_dir():
-        try:
-            (Path(path) / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        except OSError as e:
-            report.stats["report_json"] = f"not written: {e.strerror}"
+        save_report(report, Path(path))
     return report
+
+
+def save_report(report: Report, folder: Path) -> None:
+    """Write report.json into the env folder, unless the report judged another target than the
+    one the env was made for (manifest.json's ``target_schema_hash``, or the target it names):
+    the report against the env's own target stands, and ``report.stats["report_json"]`` says why
+    it was not replaced."""
+    manifest = _manifest(folder)
+    own = manifest.get("target_schema_hash")
+    if not own and (folder / "manifest.json").is_file():
+        try:
+            named, _ = target_for(folder / "env.py", None)
+            own = named.schema_hash() if named else None
+        except EnvforgeError:
+            own = None
+    if own and report.target_schema_hash and report.target_schema_hash != own:
+        report.stats["report_json"] = (
+            f"not written: this audit judged target {report.target}, and the env was made for "
+            f"{manifest.get('target') or 'another target'}; its report.json stands")
+        return
+    try:
+        (folder / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    except OSError as e:
+        report.stats["report_json"] = f"not written: {e.strerror}"
+
+
+def _manifest(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

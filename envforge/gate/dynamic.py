@@ -17,6 +17,7 @@ a ``bounded`` finding and the sandbox is replaced, never a hung audit. Threshold
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -24,39 +25,59 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, Limits, assistant,
+from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, assistant,
                                canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
+from envforge.gate.config import GateSettings
 from envforge.gate.schema import call_problem
 from envforge.gate.static import PARSE_LOCK
 
 
-@dataclass
-class GateSettings:
-    """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
-    issue's budget (at least 50 seeds per property, a full gate in seconds)."""
-    seeds: int = field(default=50, metadata={"help": "seeds per property (probes, diversity)"})
-    robustness_examples: int = field(default=50, metadata={"help": "hypothesis state-machine runs"})
-    replay_random: int = field(default=10, metadata={"help": "random episodes replayed for determinism"})
-    solvable_min: float = field(default=0.95, metadata={"help": "share of seeds solve() must score 1.0 on"})
-    diversity_min: float = field(default=0.9, metadata={"help": "share of seeds that must give distinct scenarios"})
-    free_reward_max: float = field(default=0.3, metadata={"help": "highest mean score allowed to do-nothing/random"})
-    partial_credit_values: int = field(default=3, metadata={"help": "distinct episode scores probes must reach"})
-    hash_seeds: tuple[int, int] = (1, 2)
-    max_sandbox_failures: int = field(default=3, metadata={"help": "sandbox deaths before the stage gives up"})
-    budget_s: float = field(default=120.0, metadata={"help": "wall-clock seconds for the whole dynamic "
-                                                      "stage; a slow env is a finding, not an endless audit"})
-    limits: Limits = field(default_factory=Limits)
-
-    def __post_init__(self) -> None:
-        if self.seeds < 2:
-            raise ValueError("seeds must be at least 2 (diversity compares seeds); the default is 50")
-        if not 0 < self.solvable_min <= 1 or not 0 < self.diversity_min <= 1:
-            raise ValueError("solvable_min and diversity_min are shares in (0, 1]")
+_WORDS = ("hello help order refund cancel please thanks account update confirm yes no done policy "
+          "sorry check status ticket user email change address payment item return exchange "
+          "transfer agent ok sure great the a to for your my is it this that").split()
 
 
-TALK = ("Hello! How can I help you today?", "Could you tell me a bit more about that?",
-        "I understand. Let me think about it.", "Is there anything else you need?")
+class Draws:
+    """Everything the probes draw, from one probe seed: so that env code cannot recognise a probe
+    (fixed seeds, fixed texts, fixed hash seeds) and an audit can still be replayed exactly."""
+
+    def __init__(self, probe_seed: int, settings: GateSettings):
+        self.probe_seed = probe_seed
+        rng = random.Random(probe_seed)
+        n = settings.seeds
+        ranges = [(0, 1000), (1000, 10**6), (10**6, 2**31)]
+        seeds: list[int] = []
+        while len(seeds) < n:  # a quarter small, a quarter middling, half large
+            lo, hi = ranges[min(2, len(seeds) % 4)]
+            x = rng.randrange(lo, hi)
+            if x not in seeds:
+                seeds.append(x)
+        self.seeds = seeds
+        self.hash_seed = rng.randrange(1, 2**32)
+        self.texts = [self.text(rng, rng.choice((8, 30, 120, 400, 1500, settings.long_text_chars)))
+                      for _ in range(16)]
+        self.texts.append(self.text(rng, settings.long_text_chars))
+        self.rng = rng
+
+    @staticmethod
+    def text(rng: random.Random, size: int) -> str:
+        """About ``size`` characters of words, numbers, punctuation and some non-ASCII."""
+        out, n = [], 0
+        while n < size:
+            r = rng.random()
+            w = (rng.choice(_WORDS) if r < 0.7 else str(rng.randrange(10**rng.randrange(1, 9)))
+                 if r < 0.85 else rng.choice("?!.,:;-'\"()") if r < 0.95
+                 else "".join(chr(rng.randrange(0xA1, 0x2FFF)) for _ in range(rng.randrange(1, 4))))
+            out.append(w)
+            n += len(w) + 1
+        text = " ".join(out)[:max(size, 1)]
+        return text[:1].upper() + text[1:]
+
+    def talker(self, seed: int) -> Callable[[int, list], Any]:
+        """A do-nothing policy: talks drawn text every turn, calls no tool."""
+        rng = random.Random(self.probe_seed ^ (seed * 2654435761))
+        return lambda t, messages: assistant(rng.choice(self.texts))
 
 
 class GiveUp(Exception):
@@ -128,10 +149,23 @@ class Host:
         try:
             inst = self.inst(name)  # may replace a dead sandbox, so resolve before the method
             t0 = time.monotonic()
-            value = getattr(self.sandbox, op)(inst, *args)
-            self.timings.append(time.monotonic() - t0)
+            if op == "resets":  # the batch op: (seeds, seconds)
+                seeds, max_s = args
+                left = max(0.1, self.deadline - time.monotonic())
+                value = self.sandbox.call("resets", timeout=min(left, max_s + self.settings.limits.call_timeout_s),
+                                          instance=inst, seeds=seeds, max_s=max_s)
+            else:
+                value = getattr(self.sandbox, op)(inst, *args)
+            took = time.monotonic() - t0
+            self.timings.append(took)
+            if took > self.settings.slow_call_s and op != "resets":
+                self.findings.add("bounded", f"{where} took {took:.2f} s (allowed: {self.settings.slow_call_s:g} s "
+                                  "a call); reset/step must take milliseconds: training makes thousands of them",
+                                  key=("bounded", "slow"))
             return value
         except EnvCallError as e:
+            if e.kind == "protocol" and op == "resets":
+                raise  # a runner without the batch op (an older image): the caller falls back
             if e.kind == "json":
                 self.findings.add("json", f"{where}: {e.message}. Observations, infos and actions must "
                                   "be plain JSON (dict, list, str, number, bool, None; str keys).")
@@ -299,10 +333,6 @@ def scripted(actions: list) -> Callable[[int, list], Any]:
     return lambda t, m: next(it, None)
 
 
-def do_nothing(t: int, messages: list) -> dict:
-    return assistant(TALK[t % len(TALK)])
-
-
 def perturb(actions: list, seed: int) -> list:
     """The reference with one mistake: an action dropped, an argument changed, or the plan cut."""
     rng = random.Random(seed)
@@ -312,7 +342,6 @@ def perturb(actions: list, seed: int) -> list:
     if mode == 0 and actions:
         del actions[rng.choice(calls) if calls else rng.randrange(len(actions))]
     elif mode == 1 and calls:
-        import json
         i = rng.choice(calls)
         call = actions[i]["tool_calls"][0]
         try:
@@ -347,14 +376,20 @@ def _mutate(value: Any) -> Any:
 
 def run_dynamic(source: str, backend, settings: GateSettings | None = None,
                 progress: Callable[[str], None] | None = None) -> tuple[list[Finding], dict]:
-    """Run every dynamic check on ``source``; returns (findings, stats)."""
+    """Run every dynamic check on ``source``; returns (findings, stats). Never raises (but for
+    Ctrl-C): whatever the env does, the result is findings."""
     settings = settings or GateSettings()
     findings = Findings()
-    stats: dict[str, Any] = {}
+    probe_seed = settings.probe_seed
+    if probe_seed is None:
+        probe_seed = random.SystemRandom().randrange(2**63)
+    draws = Draws(probe_seed, settings)
+    stats: dict[str, Any] = {"probe_seed": probe_seed,
+                             "hash_seeds": [settings.training_hash_seed, draws.hash_seed]}
     say = progress or (lambda s: None)
     deadline, timings = time.monotonic() + settings.budget_s, []
-    host = Host(backend, source, settings, settings.hash_seeds[0], findings, deadline, timings)
-    other = Host(backend, source, settings, settings.hash_seeds[1], findings, deadline, timings)
+    host = Host(backend, source, settings, settings.training_hash_seed, findings, deadline, timings)
+    other = Host(backend, source, settings, draws.hash_seed, findings, deadline, timings)
     try:
         try:
             meta = host.start()
@@ -372,9 +407,13 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
                          f"{meta.get('max_turns')!r}")
         tools = [t for t in meta.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
                  and isinstance(t["function"].get("name"), str)]
-        _probes(host, other, tools, settings, findings, stats, say)
+        _probes(host, other, tools, settings, findings, stats, say, draws)
     except GiveUp as e:
         findings.add("bounded", str(e))
+    except Exception as e:  # no crash, ever: whatever broke, the audit ends with a verdict
+        findings.add("robustness", f"the dynamic checks stopped on {type(e).__name__}: {str(e)[:300]} "
+                     f"(replay with --probe-seed {probe_seed}); the env made the gate's probes fail, "
+                     "so it is rejected")
     finally:
         host.close()
         other.close()
@@ -387,8 +426,8 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
 
 
 def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findings: Findings,
-            stats: dict, say: Callable[[str], None]) -> None:
-    seeds = list(range(settings.seeds))
+            stats: dict, say: Callable[[str], None], draws: Draws) -> None:
+    seeds = draws.seeds
     by_name = {t["function"]["name"]: t for t in tools}
 
     say("reference solutions")
@@ -416,12 +455,16 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
                      "from random.Random(seed) in reset so that each seed differs (is the seed ignored?).")
 
     say("perturbed reference, do-nothing, random")
-    perturbed = [host.episode("a", e.seed, scripted(perturb(e.actions, e.seed)), "perturbed") for e in reference]
-    idle = [host.episode("a", s, do_nothing, "do-nothing") for s in seeds]
-    rand = _random_episodes(host, tools, len(seeds))
+    perturbed = [host.episode("a", e.seed, scripted(perturb(e.actions, draws.rng.randrange(2**32))), "perturbed")
+                 for e in reference]
+    idle = [host.episode("a", s, draws.talker(s), "do-nothing") for s in seeds]
+    rand = _hypothesis_run(findings, "random episodes", lambda: _random_episodes(host, tools, len(seeds), draws)) or []
 
     say("robustness (hypothesis)")
-    _robustness(host, tools, settings)
+    _hypothesis_run(findings, "robustness", lambda: _robustness(host, tools, settings, draws))
+
+    say("does the env test its capability")
+    _capability(host, by_name, solved, settings, findings, stats, draws)
 
     def mean(eps: list[Episode]) -> float:
         done = [e.score for e in eps if e.ok]
@@ -430,11 +473,18 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     scores = {"reference": mean(reference), "perturbed": mean(perturbed), "do_nothing": mean(idle),
               "random": mean(rand)}
     stats["mean_score"] = {k: round(v, 4) for k, v in scores.items()}
-    for name in ("do_nothing", "random"):
+    stats["max_score"] = {k: round(max([e.score for e in eps if e.ok] or [0.0]), 4)
+                          for k, eps in (("do_nothing", idle), ("random", rand))}
+    for name, eps in (("do_nothing", idle), ("random", rand)):
+        full = [e.seed for e in eps if e.ok and e.score >= 1 - 1e-6]
         if scores[name] > settings.free_reward_max:
             findings.add("free_reward", f"a {name.replace('_', '-')} policy scores {scores[name]:.2f} on "
                          f"average (allowed: {settings.free_reward_max}); reward must be earned by doing "
                          "the task, not by ending the episode or calling tools at random.")
+        elif len(full) > max(1, len(eps) // 10):
+            findings.add("free_reward", f"a {name.replace('_', '-')} policy earns the full score on "
+                         f"{len(full)} of {len(eps)} seeds (e.g. seed {full[0]}); no seed may pay for "
+                         "doing nothing or calling tools at random.")
     values = sorted({round(e.score, 4) for e in reference + perturbed + idle + rand if e.ok})
     stats["score_values"] = values[:20]
     if len(values) < settings.partial_credit_values:
@@ -445,6 +495,9 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
         findings.add("partial_credit", "perturbing the reference solution (dropping an action, changing "
                      f"an argument) never lowers the score (mean {scores['perturbed']:.2f} vs "
                      f"{scores['reference']:.2f}); the reward does not depend on what the agent does.")
+
+    say("many resets")
+    _many_resets(host, draws, settings, findings, stats)
 
     say("determinism and isolation")
     replays = reference + [e for e in rand if e.ok][: settings.replay_random]
@@ -465,10 +518,243 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     except (SandboxError, EnvCallError) as e:
         findings.add("bounded", f"second sandbox process: {e}")
         return
-    how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={settings.hash_seeds[1]} "
-           f"(first: {settings.hash_seeds[0]})")
+    how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={other.hash_seed} "
+           f"(first: {host.hash_seed})")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
     all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
+
+
+def _hypothesis_run(findings: Findings, what: str, run: Callable[[], Any]) -> Any:
+    """``run()``; an exception out of hypothesis (FlakyStrategyDefinition when a hanging or
+    nondeterministic env changes what a replay draws, Unsatisfiable, ...) is a finding."""
+    try:
+        return run()
+    except GiveUp:
+        raise
+    except Exception as e:
+        findings.add("robustness", f"{what}: hypothesis stopped with {type(e).__name__}: "
+                     f"{str(e).splitlines()[0][:200] if str(e) else ''}. The same actions must get the "
+                     "same answers, promptly: an env that hangs, dies or answers a replay differently "
+                     "cannot be trained on.", key=("hypothesis", what))
+        return None
+
+
+def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Findings, stats: dict) -> None:
+    """Thousands of resets of one instance in one request (the runner's "resets" op), cycling over
+    some of the drawn seeds: a seed's result must never change (drift with use), resets must not
+    get slower, and memory must not grow (a per-reset leak dies in training, not in a short audit)."""
+    if settings.resets <= 0:
+        return
+    cycle = draws.seeds[:20]
+    seeds = [cycle[i % len(cycle)] for i in range(settings.resets)]
+    try:
+        value = host.op(f"{settings.resets} resets of one instance", "resets", "a", seeds, settings.resets_s)
+    except EnvCallError:
+        stats["resets"] = "not run: this sandbox's runner has no 'resets' op (rebuild its image)"
+        return
+    if value is None:
+        return
+    rows, rss = (value.get("resets"), value.get("rss_kib")) if isinstance(value, dict) else (None, None)
+    if not (isinstance(rows, list) and isinstance(rss, list) and len(rows) <= len(seeds)
+            and all(isinstance(r, list) and len(r) == 2 and _number(r[1]) for r in rows)
+            and all(_number(x) for x in rss)):
+        findings.add("sandbox", "the many-resets probe got a malformed answer from the sandbox")
+        return
+    stats["resets"] = len(rows)
+    first: dict[int, tuple[Any, int]] = {}
+    for i, (digest, _) in enumerate(rows):
+        seen = first.setdefault(seeds[i], (digest, i))
+        if seen[0] != digest:
+            findings.add("determinism", f"reset(seed={seeds[i]}) gave a different result at reset {i + 1} "
+                         f"of one instance than at reset {seen[1] + 1}: the env drifts with use. Keep no "
+                         "state across episodes: build everything from random.Random(seed) in reset.")
+            break
+    times = [t for _, t in rows]
+    if len(times) >= 100:
+        q = len(times) // 10
+        early, late = sorted(times[:q])[q // 2], sorted(times[-q:])[q // 2]
+        stats["reset_ms"] = {"early": round(early * 1000, 3), "late": round(late * 1000, 3)}
+        if late > 4 * early + 0.002:
+            findings.add("bounded", f"reset gets slower with use: median {early * 1000:.2f} ms over the "
+                         f"first {q} of {len(times)} resets, {late * 1000:.2f} ms over the last {q}; "
+                         "something grows with every episode.")
+    if len(rss) >= 8:
+        growth = (rss[-1] - rss[len(rss) // 4]) / 1024
+        stats["reset_growth_mb"] = round(growth, 2)
+        if growth > settings.leak_mb:
+            per = growth * 1024 / (len(rows) * 3 / 4)
+            findings.add("bounded", f"memory grows by {growth:.0f} MiB over {len(rows) * 3 // 4} resets of one "
+                         f"instance (~{per:.0f} KiB a reset): training resets millions of times, so this "
+                         "runs out of memory. Forget the last episode on reset.")
+
+
+_GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|find", re.I)
+
+
+def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
+                findings: Findings, stats: dict, draws: Draws) -> None:
+    """Does the env test its capability? Probes built from the reference solution: its words
+    without its tool calls, each write argument changed in turn, its reads removed (for
+    capabilities about gathering or checking), and whether every argument it sends could be
+    known from what the agent saw (solvability from observations only)."""
+    from envforge.tools import tool_kind
+
+    kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
+    sample = solved[:8]
+    # words alone: the reference's text, its tool calls removed
+    words = []
+    for e in sample:
+        plan = [assistant(a["content"]) for a in e.actions if isinstance(a.get("content"), str) and a["content"].strip()]
+        if plan and any(a.get("tool_calls") for a in e.actions):
+            words.append(host.episode("a", e.seed, scripted(plan), "words-only"))
+    full = [w.seed for w in words if w.ok and w.score >= 1 - 1e-6]
+    if words and len(full) >= max(2, len(words) / 4):
+        findings.add("free_reward", f"the reference's words alone (its tool calls removed) earn the full "
+                     f"score on {len(full)} of {len(words)} seeds (e.g. seed {full[0]}): the reward must "
+                     "need the tool calls, not a phrase.")
+    # each write argument changed in turn
+    tried: dict[tuple[str, str], list] = {}
+    for e in solved[:12]:
+        for i, a in enumerate(e.actions):
+            for j, call in enumerate(a.get("tool_calls") or []):
+                name = call["function"]["name"]
+                args = _json_args(call)
+                if kinds.get(name) in ("read", "escalation") or not args:
+                    continue
+                props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
+                for key in sorted(args):
+                    new = _other_value(args[key], props.get(key))
+                    if new is _SKIP or tried.get((name, key), [False])[0]:
+                        continue
+                    plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
+                    ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
+                    rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
+                    rec[0] |= not ep.ok or ep.score < e.score - 1e-6
+                    rec[1] += 1
+    for (name, key), (lowered, n, seed) in tried.items():
+        if not lowered and n >= 2:
+            findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
+                         f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
+                         "checks it, so the agent learns nothing about getting it right.",
+                         key=("unchecked", name, key))
+    # reads removed, for capabilities about gathering or checking
+    capability = str(host.meta.get("capability") or "")
+    if _GATHERING.search(capability):
+        kept, lowered = 0, False
+        for e in sample[:6]:
+            plan = _without_reads(e.actions, kinds)
+            if plan is None:
+                continue
+            ep = host.episode("a", e.seed, scripted(plan), "reads removed")
+            kept += 1
+            lowered |= not ep.ok or ep.score < e.score - 1e-6
+        if kept >= 2 and not lowered:
+            findings.add("free_reward", f"the reference with its reads removed still earns the full score "
+                         f"({kept} seeds): a capability about {capability!r} must need the information "
+                         "the reads return.")
+    # episodes played to max_turns: the reference's reads again and again (else drawn talk)
+    for e in sample[:3]:
+        reads = [a for a in e.actions if a.get("tool_calls")
+                 and all(kinds.get(c["function"]["name"]) == "read" for c in a["tool_calls"])]
+        cycle = reads or [assistant(t) for t in draws.texts[:4]]
+        host.episode("a", e.seed, lambda t, m, c=cycle: c[t % len(c)], "to max_turns")
+    # solvability from observations only
+    hidden = []
+    schema_text = _squash(canonical_json(list(by_name.values())))
+    for e in sample:
+        found = _unobserved(e, by_name, schema_text)
+        if found:
+            hidden.append((e.seed, found))
+    stats["unobservable"] = f"{len(hidden)}/{len(sample)}"
+    if len(hidden) >= 2 and len(hidden) * 3 >= len(sample):
+        seed, (name, key, value) = hidden[0]
+        findings.add("solvability", f"the reference calls {name} with {key}={value!r}, which the agent "
+                     f"never saw before that call (seed {seed}; {len(hidden)} of {len(sample)} seeds "
+                     "alike): a policy that sees only the observations cannot solve the task. Show the "
+                     "target in the user's messages or in a tool result.")
+
+
+_SKIP = object()
+
+
+def _json_args(call: dict) -> dict | None:
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def _other_value(value: Any, schema: Any) -> Any:
+    """Another value of the kind ``value`` is, or _SKIP for free text and empty values."""
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(enum, list):
+        others = [x for x in enum if x != value]
+        return others[0] if others else _SKIP
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return _SKIP if not value or len(value.split()) > 3 else _mutate(value)
+    if isinstance(value, list) and value:
+        return value[:-1]
+    return _SKIP
+
+
+def _with_call(actions: list, i: int, j: int, call: dict) -> list:
+    calls = list(actions[i]["tool_calls"])
+    calls[j] = call
+    return actions[:i] + [{**actions[i], "tool_calls": calls}] + actions[i + 1:]
+
+
+def _without_reads(actions: list, kinds: dict) -> list | None:
+    """The plan without its read calls (None when it makes none)."""
+    out, removed = [], False
+    for a in actions:
+        calls = a.get("tool_calls") or []
+        keep = [c for c in calls if kinds.get(c["function"]["name"]) != "read"]
+        removed |= len(keep) < len(calls)
+        if keep or (a.get("content") or "").strip():
+            out.append({**a, "tool_calls": keep} if keep else {"role": "assistant", "content": a.get("content")})
+    return out if removed and out else None
+
+
+def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
+    """The first (tool, argument, value) of the reference that names something the agent had not
+    seen by then: a string (up to three words) absent from every message so far and the schemas."""
+    seen = [schema_text] + [_squash(m.get("content")) for m in e.trace[0][0]["messages"]]
+    for t, a in enumerate(e.actions):
+        for call in a.get("tool_calls") or []:
+            args = _json_args(call) or {}
+            props = ((by_name.get(call["function"]["name"], {}).get("function", {}).get("parameters") or {})
+                     .get("properties") or {})
+            for key, value in args.items():
+                for v in _strings(value):
+                    low = _squash(v)
+                    if len(low) < 3 or len(v.split()) > 3 or v in (props.get(key) or {}).get("enum", []):
+                        continue
+                    escaped = _squash(json.dumps(v))  # tool results are often JSON text: "Zo\\u00eb"
+                    if not any(low in text or escaped in text for text in seen):
+                        return call["function"]["name"], key, v
+        if t + 1 < len(e.trace):
+            seen += [_squash(m.get("content")) for m in e.trace[t + 1][0]["messages"]]
+    return None
+
+
+def _squash(text: Any) -> str:
+    """Lower-case letters and digits only: "#W12-3" and "w123" meet."""
+    return re.sub(r"[\W_]+", "", str(text or "").lower())
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return []
 
 
 def _check_plan(plan: Any, by_name: dict, findings: Findings, seed: int) -> list | None:
@@ -546,46 +832,49 @@ def _quiet():
     return with_reporter(lambda *a, **k: None)
 
 
-def _random_episodes(host: Host, tools: list, n: int) -> list[Episode]:
-    """``n`` episodes of schema-valid calls and chatter drawn by hypothesis (seeds drawn too, so
-    that hypothesis may replay any example and get the same draws)."""
-    from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
+def _random_episodes(host: Host, tools: list, n: int, draws: Draws) -> list[Episode]:
+    """``n`` episodes of schema-valid calls and drawn chatter, drawn by hypothesis under the probe
+    seed (seeds drawn too, so that hypothesis may replay any example and get the same draws)."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings as hsettings, strategies as st
     from envforge.gate.strategies import valid_call
 
     out: list[Episode] = []
-    say = st.tuples(st.just("say"), st.sampled_from(TALK))
+    say = st.tuples(st.just("say"), st.sampled_from(draws.texts))
     step = st.tuples(st.just("call"), valid_call(tools)) | say if tools else say
 
-    @hsettings(max_examples=n, derandomize=True, database=None, deadline=None,
+    @seed(draws.probe_seed)
+    @hsettings(max_examples=n, database=None, deadline=None,
                phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(st.data())
     def run(data):
-        seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+        s = data.draw(st.sampled_from(draws.seeds) | st.integers(0, 2**31 - 1), label="seed")
 
         def policy(t: int, msgs: list) -> Any:
             kind, what = data.draw(step)
             return assistant(what) if kind == "say" else assistant(None, [tool_call(what[0], what[1], f"call_{t}")])
 
-        out.append(host.episode("r", seed, policy, "random"))
+        out.append(host.episode("r", s, policy, "random"))
 
     with PARSE_LOCK, _quiet():
         run()
     return out[:n]
 
 
-def _robustness(host: Host, tools: list, settings: GateSettings) -> None:
-    """Hypothesis state machines: rules are valid tool calls, malformed calls and chatter; the
-    invariant is that every step answers with a contract observation and no exception."""
-    from hypothesis import HealthCheck, Phase, settings as hsettings, strategies as st
+def _robustness(host: Host, tools: list, settings: GateSettings, draws: Draws) -> None:
+    """Hypothesis state machines: rules are valid tool calls, malformed calls and chatter (drawn
+    texts, long ones included); the invariant is that every step answers with a contract
+    observation and no exception."""
+    from hypothesis import HealthCheck, Phase, seed, settings as hsettings, strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
     from envforge.gate.strategies import malformed_action, valid_call
 
     if not tools:
         return
     ids = iter(range(10**9))
+    seeds = st.sampled_from(draws.seeds) | st.integers(0, 2**31 - 1)
 
     class EnvMachine(RuleBasedStateMachine):
-        @initialize(seed=st.integers(0, 2**31 - 1))
+        @initialize(seed=seeds)
         def start(self, seed):
             self.seed, self.t = seed, 0
             self.live = host.op(f"reset(seed={seed})", "reset", "h", seed) is not None
@@ -611,12 +900,12 @@ def _robustness(host: Host, tools: list, settings: GateSettings) -> None:
         def malformed(self, bad):
             self._step(bad[1], f"a malformed action ({bad[0]})")
 
-        @rule(text=st.text(max_size=40))
+        @rule(text=st.sampled_from(draws.texts) | st.text(max_size=40))
         def say(self, text):
             self._step(assistant(text), "assistant text")
 
     with PARSE_LOCK, _quiet():
-        run_state_machine_as_test(EnvMachine, settings=hsettings(
+        run_state_machine_as_test(seed(draws.probe_seed)(EnvMachine), settings=hsettings(
             max_examples=settings.robustness_examples, stateful_step_count=max(host.max_turns, 5),
-            derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+            database=None, deadline=None, phases=[Phase.generate],
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False))

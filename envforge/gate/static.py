@@ -50,6 +50,59 @@ _DUNDER_STRING = re.compile(
     r"|func|self|loader|spec|reduce|reduce_ex)__")
 _FORMAT_WALK = re.compile(r"\{[^{}]*\.(?:__|" + "|".join(sorted(_FRAME_ATTRS)) + ")")
 
+#: What env.py may use each allowed module through: an allow-list, so that whatever else a module
+#: lets code reach at run time (typing.sys, statistics.random, string.Formatter's getattr by
+#: string, functools.singledispatch's and typing.get_type_hints' evaluation of annotations,
+#: NormalDist.samples' OS entropy, dataclasses.make_dataclass's exec) stays out of reach. A
+#: module itself is never a value: it may appear only as ``module.NAME`` with NAME listed here.
+MODULE_NAMES: dict[str, frozenset[str]] = {m: frozenset(n.split()) for m, n in {
+    "json": "dumps loads JSONDecodeError",
+    "random": "Random",
+    "math": "acos acosh asin asinh atan atan2 atanh cbrt ceil comb copysign cos cosh degrees dist e "
+            "erf erfc exp exp2 expm1 fabs factorial floor fmod frexp fsum gamma gcd hypot inf isclose "
+            "isfinite isinf isnan isqrt lcm ldexp lgamma log log10 log1p log2 modf nan nextafter perm "
+            "pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc ulp",
+    "re": "compile search match fullmatch findall finditer sub subn split escape error Pattern Match "
+          "A ASCII I IGNORECASE M MULTILINE S DOTALL X VERBOSE NOFLAG",
+    "string": "ascii_letters ascii_lowercase ascii_uppercase digits hexdigits octdigits punctuation "
+              "printable whitespace capwords Template",
+    "itertools": "accumulate batched chain combinations combinations_with_replacement compress count "
+                 "cycle dropwhile filterfalse groupby islice pairwise permutations product repeat "
+                 "starmap takewhile tee zip_longest",
+    "collections": "Counter OrderedDict defaultdict deque namedtuple ChainMap UserDict UserList "
+                   "UserString abc",
+    "collections.abc": "Iterable Iterator Sequence MutableSequence Mapping MutableMapping Set "
+                       "MutableSet Collection Container Hashable Sized Callable",
+    "copy": "copy deepcopy",
+    "dataclasses": "dataclass field fields asdict astuple replace is_dataclass FrozenInstanceError "
+                   "InitVar KW_ONLY MISSING",
+    "typing": "Any Optional Union List Dict Tuple Set FrozenSet Callable Iterable Iterator Sequence "
+              "Mapping MutableMapping NamedTuple TypedDict Literal Final ClassVar TypeVar Generic "
+              "Protocol cast overload NoReturn Annotated DefaultDict Counter Deque TYPE_CHECKING "
+              "Type Self Never NotRequired Required TypeAlias",
+    "enum": "Enum IntEnum StrEnum Flag IntFlag auto unique",
+    "functools": "reduce partial lru_cache cache cached_property total_ordering wraps cmp_to_key",
+    "statistics": "mean fmean median median_low median_high median_grouped mode multimode stdev "
+                  "pstdev variance pvariance geometric_mean harmonic_mean quantiles StatisticsError",
+    "decimal": "Decimal Context localcontext getcontext InvalidOperation DivisionByZero "
+               "DecimalException ROUND_05UP ROUND_CEILING ROUND_DOWN ROUND_FLOOR ROUND_HALF_DOWN "
+               "ROUND_HALF_EVEN ROUND_HALF_UP ROUND_UP",
+    "fractions": "Fraction",
+    "datetime": "date datetime timedelta timezone time MINYEAR MAXYEAR",
+    "textwrap": "wrap fill dedent indent shorten TextWrapper",
+    "hashlib": "md5 sha1 sha224 sha256 sha384 sha512 sha3_256 sha3_512 blake2b blake2s",
+}.items()}
+#: Attribute prefixes of frame, generator, coroutine, traceback and code objects (f_globals,
+#: gi_frame, tb_frame, co_consts, ...): walks from a value to the globals or the caller's frame.
+_FRAME_PREFIXES = ("f_", "gi_", "cr_", "ag_", "tb_", "co_")
+#: Clock readers, on whatever value they are reached through (``D = datetime.date; D.today()``).
+_CLOCK_ATTRS = frozenset({"now", "today", "utcnow"})
+#: The public API of namedtuple, spelled with one underscore.
+_NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
+#: Types whose class pattern ``case int(x)`` matches the subject itself (no attribute is read).
+_SELF_MATCHING = frozenset({"bool", "bytearray", "bytes", "dict", "float", "frozenset", "int",
+                            "list", "set", "str", "tuple"})
+
 
 #: CPython 3.11's AST conversion keeps its recursion depth in global state: two threads parsing at
 #: once can fail with "SystemError: AST constructor recursion depth mismatch". Everything in
@@ -119,7 +172,8 @@ def _audit(source: str | bytes, filename: str, result: StaticResult) -> None:
         result.findings.append(error("static.syntax", "the code is nested too deeply to parse"))
         return
     m = _Module(tree)
-    for rule in (check_imports, check_builtins, check_dunders, check_entropy):
+    for rule in (check_imports, check_reach, check_builtins, check_dunders, check_entropy,
+                 check_lookups):
         found = sorted(rule(m), key=lambda pair: (pair[0].lineno, pair[0].col_offset))
         result.findings += [f for _, f in found]
     result.findings += check_shape(m, result.shape)
@@ -157,9 +211,30 @@ class _Module:
     def __init__(self, tree: ast.Module):
         self.tree = tree
         self.nodes: dict[type, list] = defaultdict(list)
+        self.parent: dict[int, ast.AST] = {}
         for node in ast.walk(tree):
             if hasattr(node, "lineno"):
                 self.nodes[type(node)].append(node)
+            for child in ast.iter_child_nodes(node):
+                self.parent[id(child)] = node
+        self.modules: dict[str, str] = {}  # local name -> the allowed module it is bound to
+        for node in self.nodes[ast.Import]:
+            for a in node.names:
+                self.modules[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        for node in self.nodes[ast.ImportFrom]:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in MODULE_NAMES and not node.level:
+                    self.modules[a.asname or a.name] = f"{node.module}.{a.name}"
+        # attribute names this file defines itself (self._x = ..., def _f, class-level names)
+        self.defined_attrs = {n.attr for n in self.nodes[ast.Attribute] if not isinstance(n.ctx, ast.Load)}
+        self.defined = set(self.defined_attrs)
+        self.defined |= {n.name for t in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+                         for n in self.nodes[t]}
+        for cls in self.nodes[ast.ClassDef]:
+            for stmt in cls.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else (
+                    [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+                self.defined |= {t.id for t in targets if isinstance(t, ast.Name)}
         self.aliases: dict[str, str] = {}  # local name -> the dotted name it was imported as
         for node in self.nodes[ast.Import]:
             for a in node.names:
@@ -175,6 +250,27 @@ class _Module:
         self.attr_consts = {id(n.args[1]) for n in self.getattrs if _const_name(n) is not None}
         self.refs = [(n, d) for t in (ast.Name, ast.Attribute, ast.Call) for n in self.nodes[t]
                      if (d := self.dotted(n))]
+
+    def literal_bindings(self) -> dict[str, list]:
+        """Names bound only at module or class level -> every value bound to them there (a name
+        also bound anywhere else, or stored as an attribute, is left out: its value is unknown)."""
+        if not hasattr(self, "_bindings"):
+            self._bindings: dict[str, list] = defaultdict(list)
+            for body in [self.tree.body] + [c.body for c in self.nodes[ast.ClassDef]]:
+                for s in body:
+                    targets = s.targets if isinstance(s, ast.Assign) else (
+                        [s.target] if isinstance(s, ast.AnnAssign) and s.value else [])
+                    for t in targets:
+                        if isinstance(t, ast.Name):
+                            self._bindings[t.id].append(s.value)
+            stores = defaultdict(int)
+            for n in self.nodes[ast.Name]:
+                if not isinstance(n.ctx, ast.Load):
+                    stores[n.id] += 1
+            for name in list(self._bindings):
+                if stores[name] != len(self._bindings[name]) or name in self.defined_attrs:
+                    del self._bindings[name]
+        return self._bindings
 
     def dotted(self, node: ast.AST) -> str | None:
         """``r.choice`` -> "random.choice" when ``import random as r``; getattr(m, "x") is m.x."""
@@ -213,6 +309,95 @@ def _internal(name: str) -> bool:
     return (name.startswith("_") and not _is_dunder(name)) or name in _MODULE_ATTRS
 
 
+def attr_problem(m: "_Module", name: str) -> str | None:
+    """Why env code may not read the attribute ``name`` of a value (None when it may): dunders
+    and frame/code internals reach globals and frames; an underscore name the file does not
+    define reaches a library's internals (``Random._randbelow`` is harmless, ``random._inst`` is
+    the unseeded generator; the allow-list covers modules, this rule every other value)."""
+    if _is_dunder(name):
+        return f"the dunder attribute '.{name}'"
+    if name in m.defined:
+        return None
+    if name in _FRAME_ATTRS or name.startswith(_FRAME_PREFIXES):
+        return f"the frame/code internal '.{name}'"
+    if name.startswith("_") and name not in _NAMEDTUPLE_API:
+        return f"the internal attribute '.{name}', which env.py does not define"
+    return None
+
+
+def _literal_strings(m: "_Module", node: ast.AST) -> list[str] | None:
+    """The string literals ``node`` can only be: a literal, a module/class-level name bound
+    only to literals (or to a list/tuple of them), an item or ``rng.choice`` of such a list."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else None
+    if isinstance(node, (ast.List, ast.Tuple, ast.Dict)):
+        parts = [_literal_strings(m, e) for e in (node.values if isinstance(node, ast.Dict) else node.elts)]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+    if isinstance(node, ast.Subscript):
+        return _literal_strings(m, node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "choice" \
+            and len(node.args) == 1:
+        return _literal_strings(m, node.args[0])
+    if isinstance(node, ast.Name) and (passed := _passed_literals(m, node)) is not None:
+        return passed
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = node.id if isinstance(node, ast.Name) else node.attr
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
+                                                    and node.value.id in ("self", "cls")):
+            return None
+        values = m.literal_bindings().get(name)
+        if not values:
+            return None
+        parts = [_literal_strings(m, v) for v in values]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+    return None
+
+
+def _passed_literals(m: "_Module", node: ast.Name) -> list[str] | None:
+    """When ``node`` is a parameter of the function it is in, and every call of that function in
+    the file passes it literals: those literals (``def f(fmt): fmt.format(...)`` with
+    ``f("A-{}")``). None when the function is also used as a value, or a call passes anything else."""
+    fn = m.parent.get(id(node))
+    while fn is not None and not isinstance(fn, (ast.FunctionDef, ast.Lambda)):
+        fn = m.parent.get(id(fn))
+    if not isinstance(fn, ast.FunctionDef) or any(
+            isinstance(n, ast.Name) and n.id == node.id and not isinstance(n.ctx, ast.Load)
+            for n in ast.walk(fn)):
+        return None
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if node.id not in params:
+        return None
+    index, out = params.index(node.id), []
+    for ref in m.nodes[ast.Name] + m.nodes[ast.Attribute]:
+        if (ref.id if isinstance(ref, ast.Name) else ref.attr) != fn.name or not isinstance(ref.ctx, ast.Load):
+            continue
+        call = m.parent.get(id(ref))
+        if not (isinstance(call, ast.Call) and call.func is ref):
+            return None  # the function is passed around: its callers are unknown
+        at = index - (1 if isinstance(ref, ast.Attribute) and params[:1] in (["self"], ["cls"]) else 0)
+        arg = next((k.value for k in call.keywords if k.arg == node.id), None)
+        if arg is None and 0 <= at < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:at + 1]):
+            arg = call.args[at]
+        texts = _literal_strings(m, arg) if arg is not None else None
+        if texts is None:
+            return None
+        out += texts
+    return out or None
+
+
+_FIELD_ATTR = re.compile(r"\.([^.\[\]!:]+)")
+
+
+def _format_fields(text: str) -> list[str]:
+    """The attribute names that ``text.format(...)`` would read (``{0.name}`` -> ["name"])."""
+    import string
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f]
+    except ValueError:
+        return []
+    return [a for f in fields for a in _FIELD_ATTR.findall(f)]
+
+
 def _at(check: str, node: ast.AST, text: str, make=error) -> tuple[ast.AST, Finding]:
     return node, make(check, f"line {node.lineno}: {text}")
 
@@ -240,6 +425,10 @@ def check_imports(m: _Module):
             if a.name.split(".")[0] not in C.ALLOWED_IMPORTS:
                 yield _at("static.import", node,
                           f"import of {a.name!r} is not allowed; {not_allowed}")
+            elif a.name not in MODULE_NAMES:
+                yield _at("static.import", node, f"import of the submodule {a.name!r} is not "
+                          f"allowed (it reaches an allowed module's internals); import "
+                          f"{a.name.split('.')[0]} and use its public names")
     for node in m.nodes[ast.ImportFrom]:
         mod = node.module or ""
         if node.level:
@@ -257,10 +446,51 @@ def check_imports(m: _Module):
             elif a.name.startswith("_") or a.name in _MODULE_ATTRS:
                 yield _at("static.import", node, f"'from {mod} import {a.name}' reaches into the "
                           "internals of an allowed module; use only its public API")
+            elif (a.name not in MODULE_NAMES.get(mod, ()) and f"{mod}.{a.name}" not in MODULE_NAMES
+                  and not _reported(mod, a.name)):
+                yield _at("static.import", node, _not_listed(mod, a.name))
     for node, d in m.refs:
         if not isinstance(node, ast.Name) and _internal(d.rsplit(".", 1)[-1]):
             yield _at("static.import", node, f"{_named(node, d)} reaches into the "
                       "internals of an allowed module; use only its public API")
+
+
+def _reported(mod: str, name: str) -> bool:
+    """Whether a more specific rule names ``mod.name`` (internals, evaluators, entropy)."""
+    return (_internal(name) or f"{mod}.{name}" in _EVALUATORS
+            or mod == "random" and name in C.RANDOM_GLOBAL_FUNCTIONS)
+
+
+def _not_listed(mod: str, name: str) -> str:
+    names = MODULE_NAMES.get(mod)
+    allowed = ", ".join(sorted(names)) if names else "nothing (it is not an allowed module)"
+    return (f"{mod}.{name} is not among the names env.py may use from {mod} (what a module lets "
+            f"code reach at run time is what is audited); allowed: {allowed}")
+
+
+def check_reach(m: _Module):
+    """A module is never a value: each use of a module name is ``module.NAME`` with NAME on the
+    module's allow-list (MODULE_NAMES). Binding, passing, returning or storing a module, or any
+    other name of it, would let code reach what the allow-list keeps out (typing.sys.modules)."""
+    for node in m.nodes[ast.Name]:
+        mod = m.modules.get(node.id)
+        if mod is None or not isinstance(node.ctx, ast.Load) or mod.split(".")[0] not in C.ALLOWED_IMPORTS:
+            continue
+        at = node
+        while True:
+            parent = m.parent.get(id(at))
+            if not (isinstance(parent, ast.Attribute) and parent.value is at):
+                yield _at("static.import", node, f"the module {mod} is used as a value in "
+                          f"{_spelled(parent if isinstance(parent, ast.expr) else node)!r}; a module "
+                          f"may only be used as {mod}.NAME with an allowed NAME (a module value "
+                          "reaches everything it imports)")
+                break
+            if f"{mod}.{parent.attr}" in MODULE_NAMES:
+                mod, at = f"{mod}.{parent.attr}", parent
+                continue
+            if parent.attr not in MODULE_NAMES.get(mod, ()) and not _reported(mod, parent.attr):
+                yield _at("static.import", parent, _not_listed(mod, parent.attr))
+            break
 
 
 def check_builtins(m: _Module):
@@ -295,6 +525,11 @@ def check_builtins(m: _Module):
         elif name in C.FORBIDDEN_BUILTINS:
             yield _at("static.builtin", node, f"{_spelled(node)} looks up the forbidden builtin "
                       f"{name!r} by name")
+    for node in m.nodes[ast.ImportFrom]:
+        for a in node.names:
+            if f"{node.module}.{a.name}" in _EVALUATORS and not node.level:
+                yield _at("static.builtin", node, f"{node.module}.{a.name} evaluates strings as code "
+                          "with the builtins in scope; env.py may not import it")
     for node, d in m.refs:
         if d in _EVALUATORS:
             yield _at("static.builtin", node, f"{d} evaluates strings as code with the builtins "
@@ -310,14 +545,25 @@ def check_dunders(m: _Module):
                 and isinstance(node.value.func, ast.Name) and node.value.func.id == "super"):
             yield _at("static.dunder", node, f"access to dunder attribute '.{node.attr}' in "
                       f"{_spelled(node)!r} is not allowed (only super().__init__ is); {fix}")
-        elif node.attr in _FRAME_ATTRS:
-            yield _at("static.dunder", node, f"access to frame/code internal '.{node.attr}' in "
-                      f"{_spelled(node)!r} is not allowed; {fix}")
+        elif (isinstance(node.ctx, ast.Load) and not _is_dunder(node.attr) and not _through_module(m, node)
+              and (problem := attr_problem(m, node.attr))):
+            yield _at("static.dunder", node, f"{_spelled(node)!r} reads {problem}; {fix}")
     for node in m.nodes[ast.MatchClass]:  # `case object(__class__=c)` reads an attribute
         for name in node.kwd_attrs:
-            if _is_dunder(name) or name in _FRAME_ATTRS:
+            if problem := attr_problem(m, name):
                 yield _at("static.dunder", node, f"the pattern {name}=... in a case clause reads "
-                          f"the attribute {name!r}; {fix}")
+                          f"{problem}; {fix}")
+        if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING
+                                  and len(node.patterns) == 1):
+            yield _at("static.dunder", node, f"the class pattern {_spelled(node)} has positional "
+                      "sub-patterns: they read the attributes the class's __match_args__ names, "
+                      "chosen at run time; use keyword patterns (case C(attr=x)) or isinstance")
+    for node in m.nodes[ast.ClassDef]:
+        for kw in node.keywords:
+            if kw.arg == "metaclass":
+                yield _at("static.dunder", node, f"class {node.name} sets metaclass=: a metaclass "
+                          "runs code at class creation and redefines isinstance and attribute "
+                          "lookup; env.py may not use one")
     for node in m.nodes[ast.Name]:
         if (_is_dunder(node.id) and node.id not in C.ALLOWED_DUNDER_NAMES
                 and node.id not in C.FORBIDDEN_BUILTINS):
@@ -325,9 +571,9 @@ def check_dunders(m: _Module):
                       f"{', '.join(sorted(C.ALLOWED_DUNDER_NAMES))} may be used as names")
     for node in m.getattrs:
         name = _const_name(node)
-        if name and (_is_dunder(name) or name in _FRAME_ATTRS):
-            yield _at("static.dunder", node, f"{_spelled(node)} reaches the attribute {name!r} "
-                      f"by name; {fix}")
+        on_module = isinstance(node.args[0], ast.Name) and node.args[0].id in m.modules
+        if name and not (on_module and not _is_dunder(name)) and (problem := attr_problem(m, name)):
+            yield _at("static.dunder", node, f"{_spelled(node)} reaches {problem} by name; {fix}")
     for node in m.nodes[ast.Constant]:
         if isinstance(node.value, str) and id(node) not in m.attr_consts:
             hit = _DUNDER_STRING.search(node.value) or _FORMAT_WALK.search(node.value)
@@ -344,6 +590,32 @@ def check_dunders(m: _Module):
                       "type)")
 
 
+def check_lookups(m: _Module):
+    """No attribute lookups by a run-time string: ``str.format``/``format_map`` read the
+    attributes their fields name (``"{0.gi_frame}"``), so the format string must be one of the
+    file's literals, and its fields pass the attribute rules."""
+    for node in m.nodes[ast.Call]:
+        f = node.func
+        if not (isinstance(f, ast.Attribute) and f.attr in ("format", "format_map")):
+            continue
+        texts = _literal_strings(m, f.value)
+        if texts is None:
+            yield _at("static.dunder", node, f"{_spelled(node)}: .{f.attr}() on a string that is "
+                      "not one of the file's literals can read attributes named at run time "
+                      "(\"{0.attr}\"); use an f-string, or call it on a string literal")
+            continue
+        for text in texts:
+            for name in _format_fields(text):
+                if problem := attr_problem(m, name):
+                    yield _at("static.dunder", node, f"{_spelled(node)}: the format field "
+                              f".{name} reads {problem}")
+
+
+def _through_module(m: _Module, node: ast.Attribute) -> bool:
+    """Whether ``node`` is ``module.NAME`` (check_reach owns those)."""
+    return isinstance(node.value, ast.Name) and node.value.id in m.modules
+
+
 def check_entropy(m: _Module):
     """No unseeded randomness and no wall clock: randomness only from random.Random(seed)."""
     use_rng = "make rng = random.Random(seed) in reset and draw from rng"
@@ -357,16 +629,23 @@ def check_entropy(m: _Module):
         if mod == "random" and name in C.RANDOM_GLOBAL_FUNCTIONS:
             yield _at("static.entropy", node, f"{_named(node, d)} uses the shared unseeded "
                       f"generator (or the OS); {use_rng}")
-        elif d in C.CLOCK_SOURCES:
-            yield _at("static.entropy", node, f"{_named(node, d)} reads the wall clock; "
-                      "no wall clock in an env: derive dates from the seed (a fixed base date "
-                      "plus rng offsets)")
+    for node in m.nodes[ast.Attribute]:
+        if node.attr in _CLOCK_ATTRS and node.attr not in m.defined:
+            d = m.dotted(node)
+            yield _at("static.entropy", node, f"{_named(node, d) if d else repr(_spelled(node))} reads "
+                      f"the wall clock (whatever it is reached through); no wall clock in an env: derive dates from the "
+                      "seed (a fixed base date plus rng offsets)")
     for node in m.nodes[ast.Call]:
         seed = node.args[0] if node.args else next((k.value for k in node.keywords), None)
-        if m.dotted(node.func) == "random.Random" and (
-                seed is None or isinstance(seed, ast.Constant) and seed.value is None):
+        unseeded = (seed is None or isinstance(seed, ast.Starred)
+                    or isinstance(seed, ast.Constant) and seed.value is None)
+        if m.dotted(node.func) == "random.Random" and unseeded:
             yield _at("static.entropy", node, f"{_spelled(node)} makes a random.Random with no "
                       f"seed, so the OS seeds it; {use_rng}")
+        elif (isinstance(node.func, ast.Attribute) and node.func.attr == "seed" and unseeded
+              and "seed" not in m.defined):
+            yield _at("static.entropy", node, f"{_spelled(node)} re-seeds a generator from the "
+                      f"OS; {use_rng}")
 
 
 def check_shape(m: _Module, shape: dict) -> list[Finding]:

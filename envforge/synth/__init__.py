@@ -10,7 +10,8 @@ Two synthesizers:
   rejected attempt's findings go back as a repair request, at most ``attempts`` times (default 5,
   the paper's regeneration budget).
 - ``template`` (the embedded default, offline): ``templates.py`` writes an env for the nearest of
-  six capability families on any target whose tools it can classify.
+  the capability families (``families/``, one module each) on any target whose tools it can
+  classify.
 
 ``auto`` picks ``openai`` when an endpoint (``OPENAI_BASE_URL`` or ``OPENAI_API_KEY``) and a model
 are configured, else ``template``.
@@ -36,51 +37,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from envforge import __version__
-from envforge.contract import Report
+from envforge.contract import Finding, Report, findings_from
 from envforge.errors import EnvforgeError, InputError, UsageError
 from envforge.llm import atomic_write, request_key, run_concurrently
 from envforge.synth.classify import Unsupported
+from envforge.synth.config import SYNTHESIZERS, SynthConfig  # noqa: F401 (part of the API)
 from envforge.synth.families import FAMILIES, Family, family_list, match_family
 from envforge.targets import EXAMPLES, Target, load_target
 
 __all__ = ["SynthConfig", "CapabilitySpec", "SynthResult", "synthesize", "synthesize_batch",
            "load_capabilities", "resolve_synthesizer", "FAMILIES", "match_family", "family_list",
-           "slug_for", "SynthError"]
-
-SYNTHESIZERS = ("auto", "template", "openai")
-
-
-class SynthError(EnvforgeError):
-    """A capability could not be synthesized (exit 1); the message says why and what to do."""
-
-
-@dataclass
-class SynthConfig:
-    """Settings of ``envforge synth``. Defaults marked *paper* come from TRACE."""
-    synthesizer: str = field(default="auto", metadata={"help": "auto, template or openai"})
-    model: str | None = field(default=None, metadata={"help": "the model the endpoint serves"})
-    attempts: int = field(default=5, metadata={"help": "paper: regenerate up to 5 times"})
-    out_dir: str | Path = field(default="generated_envs", metadata={"help": "one folder per env"})
-    force: bool = field(default=False, metadata={"help": "overwrite an accepted env"})
-    seeds: int = field(default=50, metadata={"help": "gate seeds per dynamic property"})
-    backend: str = field(default="auto", metadata={"help": "the gate's sandbox backend"})
-    concurrency: int = field(default=4, metadata={"help": "capabilities synthesized at once"})
-    temperature: float = 0.2
-    max_tokens: int | None = None
-    timeout_s: float = field(default=300.0, metadata={"help": "seconds one LLM request may take"})
-    max_retries: int = field(default=5, metadata={"help": "retries of a 429/5xx/timeout"})
-    cache_dir: str | None = field(default=None, metadata={"help": "None: envforge.llm.default_cache_dir()"})
-    cache: bool = True
-    price_per_1k: tuple[float, float] | None = field(default=None, metadata={
-        "help": "USD per 1,000 prompt and completion tokens, for the manifest's cost"})
-
-    def __post_init__(self) -> None:
-        if self.synthesizer not in SYNTHESIZERS:
-            raise UsageError(f"unknown synthesizer {self.synthesizer!r}; choose {', '.join(SYNTHESIZERS)}")
-        if not 1 <= self.attempts <= 50:
-            raise UsageError(f"attempts must be from 1 to 50, got {self.attempts} (the paper uses 5)")
-        if self.concurrency < 1:
-            raise UsageError("concurrency must be at least 1")
+           "slug_for"]
 
 
 @dataclass
@@ -96,15 +63,16 @@ class CapabilitySpec:
 
 @dataclass
 class Attempt:
+    """One attempt at a capability's env: the gate's verdict and findings on it."""
     n: int
     verdict: str
-    findings: list[dict]
+    findings: list[Finding]
     code_sha256: str | None = None
     usage: dict | None = None
     cached: bool | None = None
 
     def to_dict(self) -> dict:
-        d = {"n": self.n, "verdict": self.verdict, "findings": self.findings}
+        d = {"n": self.n, "verdict": self.verdict, "findings": [f.to_dict() for f in self.findings]}
         for k in ("code_sha256", "usage", "cached"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
@@ -364,7 +332,8 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
         same = old is not None and all(old.get(k) == run.manifest[k] for k in
                                        ("capability", "target_schema_hash", "synthesizer", "model"))
         if state == "accepted" and same:
-            run.attempts = [Attempt(a["n"], a["verdict"], a.get("findings", []), a.get("code_sha256"))
+            run.attempts = [Attempt(a["n"], a["verdict"], findings_from(a.get("findings")),
+                                    a.get("code_sha256"))
                             for a in old.get("attempts", []) if isinstance(a, dict)]
             run.manifest = old
             return run.result("accept", skipped=True)
@@ -394,7 +363,7 @@ def _template(run: _Run) -> SynthResult:
     run.manifest["template"] = summary
     run.say("gate")
     report = run.audit(code)
-    run.attempts.append(Attempt(1, report.verdict, [f.to_dict() for f in report.findings], sha256(code)))
+    run.attempts.append(Attempt(1, report.verdict, report.findings, sha256(code)))
     run.save(report.verdict)
     return run.result(report.verdict)
 
@@ -418,14 +387,14 @@ def _llm(run: _Run, client: Any) -> SynthResult:
         run.add_usage(reply.usage, reply.cached)
         code, problem = extract_code(reply.content)
         if problem is not None:
-            findings, stats = [problem.to_dict()], None
+            findings, stats = [problem], None
             attempt = Attempt(n, "reject", findings, None, reply.usage, reply.cached)
             if not (run.folder / "report.json").exists():
                 _write_json(run.folder / "report.json", Report(str(run.folder), [problem], run.target.name).to_dict())
         else:
             run.say(f"attempt {n}/{run.config.attempts}: gate")
             report = run.audit(code)
-            findings, stats = [f.to_dict() for f in report.findings], report.stats
+            findings, stats = report.findings, report.stats
             attempt = Attempt(n, report.verdict, findings, sha256(code), reply.usage, reply.cached)
         run.attempts.append(attempt)
         done = attempt.verdict == "accept"
@@ -433,7 +402,8 @@ def _llm(run: _Run, client: Any) -> SynthResult:
         if done:
             return run.result("accept")
         messages = first + [{"role": "assistant", "content": reply.content},
-                            {"role": "user", "content": repair_message(findings, code, stats)}]
+                            {"role": "user", "content": repair_message([f.to_dict() for f in findings],
+                                                                        code, stats)}]
     return run.result("reject")
 
 
@@ -460,9 +430,10 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
     first: dict[str, int] = {}
     for i, spec in enumerate(specs):
         try:
-            fam = match_family(spec.name, spec.description) if kind == "template" else None
-        except UsageError:
-            continue  # reported by its own run
+            fam = match_family(spec.name, spec.description, listing=False) if kind == "template" else None
+        except UsageError as e:  # a capability the template families do not cover
+            results[i] = SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
+            continue
         slug = slug_for(spec.name, tgt, fam)
         if slug in first:
             results[i] = SynthResult(spec.name, slug, str(Path(config.out_dir) / slug), "error",

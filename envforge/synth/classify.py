@@ -480,3 +480,64 @@ def transformable(w: Tool, key: str) -> int:
         if f == "plain" and _kind(w.resolve(w.params[p])) in ("array", "object"):
             n -= 2
     return n
+
+
+# ============================================================================= for the families
+# What a family's ``preference`` and the plan ask of a candidate write.
+
+STATUS_WORDS = ("pending", "active", "open", "processed", "delivered", "suspended", "closed",
+                "cancelled", "completed", "expired", "on_hold", "archived", "locked", "in_progress")
+DESTRUCTIVE = ("cancel", "remove", "delete", "suspend", "close", "return", "refund", "revoke",
+               "disable", "terminate", "exchange")
+
+
+def recipes(c: Candidate) -> dict[str, dict]:
+    """The value recipe of each parameter of the candidate's write."""
+    root = c.write.parameters
+    return {p: recipe(p, s, root) for p, s in c.write.params.items()}
+
+
+def free_params(c: Candidate) -> list[str]:
+    """Parameters of the write other than the entity's and the owner's id."""
+    own = c.owner.param if c.owner else None
+    return [p for p in c.write.params if p not in (c.key, own)]
+
+
+def amendable(c: Candidate, recipes: dict) -> list[str]:
+    """Free parameters a user can ask another value of (more than one value to draw)."""
+    return [p for p in free_params(c) if recipes[p]["t"] not in ("const",)
+            and not (recipes[p]["t"] == "choice" and len(recipes[p]["values"]) < 2)]
+
+
+def rule_params(c: Candidate, recipes: dict) -> list[str]:
+    """Required free parameters a policy rule can forbid a value of, or limit."""
+    out = []
+    for p in free_params(c):
+        if p not in c.write.required:
+            continue
+        r = recipes[p]
+        if r["t"] == "choice" and (r.get("enum") or r.get("quoted")) and len(r["values"]) >= 2:
+            out.append(p)
+        elif r["t"] in ("int", "num") and r["max"] - r["min"] >= 3:
+            out.append(p)
+    return out
+
+
+def gather_path(c: Candidate, catalog: Catalog) -> str | None:
+    """How a record the user only describes is found: owner, search, listing (None: no way)."""
+    if c.owner is not None and (c.owner.lookup or c.owner.reader or c.owner.listing):
+        return "owner"
+    if c.reader.mode == "search" and catalog.search_fields(c.reader, c.key):
+        return "search"
+    if c.reader.mode == "listing":
+        return "listing"
+    return None
+
+
+def base_preference(c: Candidate) -> float:
+    """What every family prefers: simple arguments, and an entity that is not itself a person."""
+    return -complexity(c.write) + (0 if is_owner_like(c.key) else 3)
+
+
+def destructive(c: Candidate) -> bool:
+    return any(d in c.write.name for d in DESTRUCTIVE)

@@ -1,6 +1,52 @@
 """Structured data reasoning over tool outputs: totals computed from the line items a tool
 returns (unit price times quantity, summed), and the one record of several that a computed
 criterion selects."""
+from __future__ import annotations
+
+import re
+
+from envforge.synth import classify as C
+from envforge.synth.families import Family
+from envforge.synth.runtime import (_base_world, BaseEnv, _call, _details, _expected, _frac,
+                                _hello, KEY, _norm, NOUN, OWNER, PLAN, _read_args, REFUSE, _rng,
+                                _skill, _text, TOOLS)
+
+
+def _preference(c, catalog):
+    return C.base_preference(c)
+
+
+def _skills(p):
+    return {"total": 0.5, "select": 0.5}
+
+
+def _policy(p):
+    noun = p["noun"]
+    return [f"- A {noun}'s total is the sum over its line_items of unit_price times quantity, to "
+            "two decimals. Compute it from the records; never guess.",
+            f"- Read every {noun} a question is about with {p['reader']['tool']} before answering "
+            "or acting."]
+
+
+FAMILY = Family(
+    slug="structured_data_reasoning",
+    name="structured data reasoning",
+    description=(
+        "computes totals and picks records by computed criteria from the structured data that "
+        "tools return"),
+    keywords=("structur", "data", "reason", "comput", "calculat", "arithmet", "aggregat", "total",
+              "sum", "numer", "math", "tool output", "compar"),
+    why=(
+        "{reader} returns {noun} records with line items; the user asks for a total (unit price "
+        "times quantity, summed) or asks for {write} on whichever of three {noun}s has the "
+        "highest or lowest total. The number or the chosen record decides most of the score, and "
+        "reading the records the rest, so the policy learns to compute from {target}'s tool "
+        "outputs rather than guess."),
+    preference=_preference, skills=_skills, policy=_policy,
+    rank=20)
+
+
+# ---- ENV_PY: the family's env class (templates.render copies what follows into env.py)
 
 ITEMS = ["standard fee", "service charge", "premium add-on", "late fee", "setup fee",
          "monthly plan", "insurance", "extra storage", "priority support", "delivery",

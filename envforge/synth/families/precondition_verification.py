@@ -1,5 +1,59 @@
 """Precondition verification: read the record a write changes, check its status (and that it is
 the user's), then act or decline naming the check that failed."""
+from __future__ import annotations
+
+import re
+
+from envforge.synth import classify as C
+from envforge.synth.families import Family, who
+from envforge.synth.runtime import (_base_world, BaseEnv, _call, _details, _expected, _frac,
+                                _hello, _identify_calls, KEY, _norm, NOUN, OWNER, PLAN, _please,
+                                _read_args, REFUSE, _rng, _skill, _text, TOOLS)
+
+
+def _preference(c, catalog):
+    return (C.base_preference(c) + 3 * any(s in c.write.name for s in C.STATUS_WORDS)
+            + C.destructive(c))
+
+
+def _skills(p):
+    return {"status_check": 0.6, "ownership_check": 0.4} if p["owner"] else {"status_check": 1.0}
+
+
+def _policy(p):
+    noun, write, reader = p["noun"], p["write"], p["reader"]["tool"]
+    ok = " or ".join(f"'{s}'" for s in p["ok_statuses"])
+    lines = [f"- Before calling {write}, read the {noun} with {reader} and check its status: "
+             f"{write} may only be used when the status is {ok}."]
+    if p["owner"]:
+        lines.append(f"- First {who(p)}. Act only on the user's own {noun}s: the {noun}'s "
+                     f"{p['owner']['param']} must be the user's.")
+    lines.append("- When a check fails, make no change: tell the user which check failed (for a "
+                 "status, name the status you found).")
+    return lines
+
+
+FAMILY = Family(
+    slug="precondition_verification",
+    name="precondition verification",
+    description=(
+        "reads the record a write changes (its status, its owner) and checks the policy's "
+        "preconditions before changing it; declines, naming the failed check, otherwise"),
+    keywords=("precondition", "prerequisit", "verif", "eligib", "status", "before act", "validat",
+              "state check"),
+    why=(
+        "Each episode is one request to {write} on {a_noun}; in about half of them a precondition"
+        " fails (the {noun}'s status{owner_clause}). Credit goes to changes made after reading "
+        "the record with {reader} and to refusals that name the failed check, so the policy "
+        "learns 'look up, check, then act or decline' with {target}'s own tools and argument "
+        "formats, instead of acting on every request or refusing every one."),
+    preference=_preference, skills=_skills, policy=_policy,
+    owner_tools=True,
+    escalation="optional",
+    rank=10)
+
+
+# ---- ENV_PY: the family's env class (templates.render copies what follows into env.py)
 
 OWNER_CLAIM = re.compile(
     r"n[o']t belong|belongs? to (another|someone|a different)|not yours|not your|someone else|"

@@ -1,6 +1,66 @@
 """Multi-step information gathering: the user does not know the record's id; identify them, list
 their records, find the one they describe, ask for what they have not said, then act."""
+from __future__ import annotations
 
+import json
+
+from envforge.synth import classify as C
+from envforge.synth.families import Family
+from envforge.synth.runtime import (_base_world, BaseEnv, _call, _callers_record, _details,
+                                _expected, _frac, _identify_calls, _identity, KEY, _norm, NOUN,
+                                OWNER, PLAN, QUESTION, _read_args, REFUSE, _rng, _skill, _text,
+                                TOOLS)
+
+
+def _preference(c, catalog):
+    path = C.gather_path(c, catalog)
+    if path is None:
+        return None
+    return (C.base_preference(c) + {"owner": 3, "search": 2, "listing": 1}[path]
+            + 2 * bool(c.owner and c.owner.lookup))
+
+
+def _skills(p):
+    has_details = bool(p["optional"] or [q for q in p["required"] if q != p["key"]
+                                         and not (p["owner"] and q == p["owner"]["param"])])
+    if p["owner"] or has_details:
+        return {"find_by_description": 0.5, "ask_user": 0.5}
+    return {"find_by_description": 1.0}
+
+
+def _policy(p):
+    noun, owner = p["noun"], p["owner"]
+    if owner:
+        how = (f"identify them with {owner['lookup']}" if owner["lookup"] else
+               f"ask for their {p['titles'].get(owner['param'], owner['param'])}")
+        first = (f"- When a user does not know a {noun}'s id, {how}, list their {noun}s, and read "
+                 "them until you find the one they describe.")
+    else:
+        first = f"- When a user does not know a {noun}'s id, find it with {p['reader']['tool']}."
+    return [first, "- Ask the user for any detail you need that they have not given."]
+
+
+FAMILY = Family(
+    slug="information_gathering",
+    name="multi-step information gathering",
+    description=(
+        "identifies the user, finds the record they describe through several lookups, asks for "
+        "missing details, then acts"),
+    keywords=("inform", "gather", "multi-step", "multi step", "lookup", "look up", "identif",
+              "search", "collect", "authent", "find", "clarif", "ask"),
+    why=(
+        "The user wants {write} on {a_noun} but knows only how to describe it. The agent has to "
+        "chain {target}'s own lookups ({gather}), ask for what the user has not said, and only "
+        "then act; milestones (identified, found) give partial credit, so rollouts that stop "
+        "early or act on the wrong record score lower."),
+    preference=_preference, skills=_skills, policy=_policy,
+    owner_tools=True,
+    needs=("it needs a way to find a record the user only describes (an owner lookup or details "
+           "tool listing the user's records, a search tool, or a listing)"),
+    rank=60)
+
+
+# ---- ENV_PY: the family's env class (templates.render copies what follows into env.py)
 
 class Env(BaseEnv):
     tools = TOOLS

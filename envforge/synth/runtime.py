@@ -1,6 +1,26 @@
-"""The runtime every template env carries (see __init__.py). Everything above the family's
-class: argument validation, value drawing, the world's records, the tool dispatcher, the scripted
-user's text analysis and the episode loop."""
+"""The runtime every template env carries: argument validation against the target's schemas,
+value drawing from recipes, the world's records, the tool dispatcher, the scripted user's text
+analysis and the episode loop (``BaseEnv``). A family's env class (``families/<slug>.py``, below
+its ENV_PY line) subclasses ``BaseEnv``.
+
+``templates.render`` copies the text below the ENV_PY line into every env.py, after the target's
+schemas and the plan written as the five constants that stand here as placeholders, so that this
+module imports on its own (and the families' env classes with it) while each env.py stands
+alone. Everything below that line may use only what env.py may: the allow-listed standard-library
+modules, no envforge.
+"""
+import json
+import random
+import re
+
+# The rendered env.py defines these from the target and the family's plan instead.
+SKILLS: dict = {}
+TOOLS: list = []
+ROLES: dict = {}
+PLAN: dict = {"key": None, "noun": None, "owner": None}
+POLICY = ""
+
+# ---- ENV_PY: the shared runtime of every env.py (templates.render copies what follows)
 
 MAX_IDLE = 4
 FIRST_NAMES = ["Dana", "Ravi", "Mei", "Tomas", "Aisha", "Jonas", "Lucia", "Kwame", "Ingrid",
@@ -42,7 +62,9 @@ def _person(rng):
                                              rng.randint(1, 28))}
 
 
-def _new_id(rng, recipe, taken):
+def _new_id(rng, recipe, taken, person=None):
+    """An id from ``recipe``'s patterns, not in ``taken``; name parts are ``person``'s when given
+    (the id of a user named Hana Patel is hana_patel_123, never another person's name)."""
     for _ in range(60):
         out = []
         for part in rng.choice(recipe["patterns"]):
@@ -51,9 +73,9 @@ def _new_id(rng, recipe, taken):
             elif part[0] == "d":
                 out.append("".join(rng.choice("0123456789") for _ in range(part[1])))
             elif part[0] == "f":
-                out.append(rng.choice(FIRST_NAMES).lower())
+                out.append((person["first_name"] if person else rng.choice(FIRST_NAMES)).lower())
             elif part[0] == "l":
-                out.append(rng.choice(LAST_NAMES).lower())
+                out.append((person["last_name"] if person else rng.choice(LAST_NAMES)).lower())
             else:
                 out.append("".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(part[1])))
         value = "".join(out)
@@ -64,8 +86,9 @@ def _new_id(rng, recipe, taken):
     return value
 
 
-def _gen(recipe, rng, taken=None):
-    """A value drawn from ``recipe`` (see envforge.synth.classify.recipe)."""
+def _gen(recipe, rng, taken=None, person=None):
+    """A value drawn from ``recipe`` (see envforge.synth.classify.recipe); the person fields and
+    the name parts of ids are ``person``'s when given."""
     t = recipe.get("t")
     if t == "choice":
         return rng.choice(recipe["values"])
@@ -80,9 +103,9 @@ def _gen(recipe, rng, taken=None):
     if t == "date":
         return "{}-{:02d}-{:02d}".format(rng.choice([2024, 2025]), rng.randint(1, 12), rng.randint(1, 28))
     if t == "person":
-        return _person(rng)[recipe["field"]]
+        return (person or _person(rng))[recipe["field"]]
     if t == "id":
-        return _new_id(rng, recipe, taken)
+        return _new_id(rng, recipe, taken, person)
     if t == "array":
         return [_gen(recipe["items"], rng, taken) for _ in range(rng.randint(recipe["min"], recipe["max"]))]
     if t == "object":
@@ -326,16 +349,26 @@ def _callers_record(rng, w):
     return key, w["entities"][key]
 
 
+def _others_record(rng, w):
+    """A record of an owner other than the caller (there is one: see _base_world)."""
+    theirs = [k for k, r in w["entities"].items() if r[OWNER["param"]] != w["caller"]]
+    key = rng.choice(theirs)
+    return key, w["entities"][key]
+
+
 def _base_world(rng, n_entities, n_owners=None):
     """Owners (when the target has them) and entities with a status and a descriptor; the caller
     is owner 0 and owns at least three entities."""
     taken = []
     w = {"entities": {}, "owners": {}, "caller": None, "taken": taken}
-    owner_ids = []
+    owner_ids, names = [], []
     if OWNER:
         for _ in range(n_owners or rng.randint(3, 4)):
             person = _person(rng)
-            oid = _gen(OWNER["id"], rng, taken)
+            while person["full_name"] in names:
+                person = _person(rng)
+            names.append(person["full_name"])
+            oid = _gen(OWNER["id"], rng, taken, person)
             rec = {OWNER["param"]: oid, "name": person["full_name"]}
             for param, field in OWNER["identity"].items():
                 rec[param] = person[field]
@@ -533,7 +566,7 @@ class BaseEnv:
                 return "Error: {} {} not found.".format(NOUN, json.dumps(args.get(KEY))), None
             return self._on_write(args, rec)
         if kind == "escalation":
-            return "Transfer successful. A human agent will take over the conversation.", "transfer"
+            return self._on_transfer(args)
         if kind == "lookup":
             return self._lookup(args, role), None
         if kind == "listing":
@@ -628,6 +661,9 @@ class BaseEnv:
 
     def _on_write(self, args, rec):
         return "Done.", "write"
+
+    def _on_transfer(self, args):
+        return "Transfer successful. A human agent will take over the conversation.", "transfer"
 
     def _score(self, outcome):
         return 0.0

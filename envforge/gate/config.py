@@ -1,0 +1,42 @@
+"""The gate's settings: thresholds and budgets of the dynamic checks (``dynamic.py``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envforge.contract import Limits
+from envforge.settings import Settings, setting
+
+
+@dataclass
+class GateSettings(Settings):
+    """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
+    issue's budget (at least 50 seeds per property, a full gate in seconds)."""
+    seeds: int = setting(50, "Seeds per dynamic property (probes, diversity).", low=2, high=10_000)
+    robustness_examples: int = setting(50, "Hypothesis state-machine runs.", low=1)
+    replay_random: int = setting(10, "Random episodes replayed for determinism.", low=0)
+    solvable_min: float = setting(0.95, "Share of seeds solve() must score 1.0 on.", above=0, high=1)
+    diversity_min: float = setting(0.9, "Share of seeds that must give distinct scenarios.",
+                                   above=0, high=1)
+    free_reward_max: float = setting(0.3, "Highest mean score allowed to do-nothing/random.",
+                                     low=0, high=1)
+    partial_credit_values: int = setting(3, "Distinct episode scores the probes must reach.", low=1)
+    training_hash_seed: int = setting(0, "PYTHONHASHSEED that envforge.make and training use: "
+                                      "the first sandbox runs under it, the second under one drawn "
+                                      "per audit.", low=0, high=4294967295)
+    probe_seed: int | None = setting(None, "Seed of every probe draw (seeds, free texts, the second "
+                                     "hash seed, hypothesis); None draws one per audit. report.json "
+                                     "records it (stats.probe_seed): pass it back to replay an audit.",
+                                     low=0, high=2**63 - 1)
+    resets: int = setting(2000, "Resets of one instance in the many-resets probe (drift, slowdown, "
+                          "memory growth); one runner request.", low=0, high=1_000_000)
+    resets_s: float = setting(2.0, "Seconds the many-resets probe may take.", above=0)
+    leak_mb: float = setting(16.0, "Memory growth (MiB) over the many-resets probe that counts as "
+                             "a leak.", above=0)
+    slow_call_s: float = setting(1.0, "Seconds one reset/step may take before it is a finding "
+                                 "(training makes thousands).", above=0)
+    long_text_chars: int = setting(6000, "Length of the longest drawn free-text probe.", low=1,
+                                   high=1_000_000)
+    max_sandbox_failures: int = setting(3, "Sandbox deaths before the stage gives up.", low=1)
+    budget_s: float = setting(120.0, "Seconds the dynamic checks of one env may take in all; a "
+                              "slow env is a finding, not an endless audit.", low=1, high=86_400)
+    limits: Limits = setting(help="Limits of the sandboxed env process.", factory=Limits)

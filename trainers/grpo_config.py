@@ -1,0 +1,80 @@
+"""The settings of one GRPO run (``trainers.grpo.GRPOTrainer``). Light: no torch at import, so
+the command line builds its ``train`` options from these fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envforge.settings import Settings, setting
+from sandbox.base import BACKENDS
+
+
+@dataclass
+class GRPOConfig(Settings):
+    """Settings of one GRPO run. Defaults marked (paper) come from TRACE, section 3."""
+
+    # the adapter
+    lora_rank: int = setting(32, "LoRA rank (paper: 32; the official code uses 16).", low=1)
+    lora_alpha: int | None = setting(None, "LoRA alpha; scale = alpha / rank (unset: 2 × rank).",
+                                     low=1)
+    lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps rollouts and the loss deterministic).",
+                                  low=0, high=1)
+    target_modules: Any = setting("all-linear", "Modules that get LoRA layers: 'all-linear' or a "
+                                  "list of module names.")
+    # rollouts
+    num_groups: int = setting(4, "Groups (env seeds) per iteration (paper: G = 4).", low=1)
+    group_size: int = setting(4, "Rollouts per seed (paper: K = 4; official code: 16); a group of "
+                              "one has no advantage: its reward equals its mean.", low=2)
+    iterations: int = setting(40, "Training iterations (paper: 40, i.e. 640 rollouts).", low=1)
+    max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
+    max_turns: int | None = setting(None, "Most policy turns per episode (unset: the env's own "
+                                    "max_turns).", low=1)
+    max_context_tokens: int = setting(4096, "An episode whose context would exceed this is "
+                                      "truncated.", low=1)
+    temperature: float = setting(1.0, "Sampling temperature of rollouts (> 0: greedy rollouts of "
+                                 "one seed are identical).", above=0)
+    top_p: float = setting(1.0, "Nucleus sampling of rollouts.", above=0, high=1)
+    dynamic_sampling: bool = setting(True, "Drop groups with constant rewards and re-collect on "
+                                     "fresh seeds (official code).")
+    max_resample_rounds: int = setting(3, "Re-collection rounds per iteration before training on "
+                                       "the groups there are.", low=0)
+    # the loss
+    learning_rate: float = setting(1e-5, "AdamW learning rate (paper: 1e-5).", above=0)
+    weight_decay: float = setting(0.0, "AdamW weight decay.", low=0)
+    epsilon_low: float = setting(0.2, "Clip the ratio below at 1 - epsilon_low.", low=0, high=0.999)
+    epsilon_high: float = setting(0.28, "Clip the ratio above at 1 + epsilon_high (official code: "
+                                  "DAPO clip 0.28).", low=0)
+    kl_coef: float = setting(0.0, "Weight of KL to the base model (official code: 0).", low=0)
+    updates_per_iteration: int = setting(1, "Optimizer steps on each batch of rollouts (>1 makes "
+                                         "the clipping bite).", low=1)
+    micro_batch_size: int = setting(4, "Episodes per forward/backward pass.", low=1)
+    max_grad_norm: float = setting(1.0, "Gradient clipping (0: none).", low=0)
+    advantage_eps: float = setting(1e-4, "Added to the group std before dividing.", above=0)
+    # the run
+    seed: int = setting(0, "Seeds LoRA init and rollout sampling (env seeds come from "
+                        "first_env_seed).")
+    first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
+    threads: int | None = setting(1, "torch intra-op threads (measured on a busy 2-core CPU: 2 ran "
+                                  "~10x slower than 1; unset: torch's default).", low=1, high=256)
+    device: str = setting("cpu", "'cpu', 'cuda', 'cuda:1', ...")
+    pool_size: int | None = setting(None, "Warm sandboxes (unset: one per rollout of an iteration, "
+                                    "at most 16).", low=1)
+    backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
+    call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)
+    save_every: int = setting(1, "Checkpoint every N iterations.", low=1)
+
+    def check(self) -> None:
+        for name in ("lora_rank", "num_groups", "group_size", "iterations", "max_new_tokens",
+                     "max_context_tokens", "updates_per_iteration", "micro_batch_size", "save_every"):
+            if not isinstance(getattr(self, name), int):
+                self.fail(name, f"must be an integer, got {getattr(self, name)!r}")
+        if self.lora_alpha is None:
+            self.lora_alpha = 2 * self.lora_rank
+        if self.device.startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                self.fail("device", f"is {self.device!r} but torch sees no CUDA device; use 'cpu'")
+
+    @property
+    def rollouts_per_iteration(self) -> int:
+        return self.num_groups * self.group_size
