@@ -85,22 +85,23 @@ def prompt_tokens(policy, messages: list[dict], answer: str) -> tuple[list[int],
     return prompt + ans, [0] * len(prompt) + [1] * len(ans)
 
 
-def pretrain_copy(model, vocab_size: int, *, steps: int = 120, batch_size: int = 64, span: int = 8,
+def pretrain_copy(model, vocab_size: int, *, steps: int = 150, batch_size: int = 32, span: int = 8,
                   lr: float = 3e-3, seed: int = 0) -> float:
-    """A short warm-up on a synthetic copy task (random tokens, a gap, the same tokens again; loss
-    on the repeat): it forms the induction ("copy what followed last time") circuit that copying
-    ids and emails into tool calls needs, in about a hundred steps, where SFT alone on the
-    demonstrations took far longer. Stands in for the pretraining any real base model has had.
-    Returns the last loss."""
+    """A short warm-up on a synthetic copy task (random tokens, ``span`` of them, a gap of random
+    length, the same span again; loss on the repeat): it forms the induction ("copy what
+    followed last time") circuit that copying ids and emails into tool calls needs, in about a
+    hundred steps, where SFT alone on the demonstrations took far longer. The gaps vary from
+    batch to batch so that only content, not a fixed offset, finds what to copy. Stands in for
+    the pretraining any real base model has had. Returns the last loss."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     value = float("nan")
     low = len(SPECIALS) + 1
     for _ in range(steps):
-        gap = torch.randint(low, vocab_size, (batch_size, 2 * span), generator=g)
-        x = torch.randint(low, vocab_size, (batch_size, span), generator=g)
-        ids = torch.cat([gap[:, :span], x, gap[:, span:], x], 1)
+        before, gap = (int(x) for x in torch.randint(0, 48, (2,), generator=g))
+        ids = torch.randint(low, vocab_size, (batch_size, before + span + gap + span), generator=g)
+        ids[:, -span:] = ids[:, before:before + span]
         logits = model(input_ids=ids).logits[:, -span:-1].float()
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -span + 1:])
         opt.zero_grad(set_to_none=True)

@@ -47,6 +47,7 @@ class DemoConfig:
     layers: int = 3
     heads: int = 4
     deficit_rate: float = 0.75
+    copy_steps: int = 120
     # identify
     identify_tasks: int = 200
     # train
@@ -129,7 +130,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
 
     from envforge.demo import agent
     from envforge.demo.expert import DeficitRates, task_kind
-    from envforge.identify import STRUCTURAL_RULES
+    from envforge.identify.rules import STRUCTURAL_RULES
     from trainers.policy import Policy
     rng = random.Random(cfg.seed)
     rates = DeficitRates(cfg.deficit_rate, cfg.deficit_rate)
@@ -137,7 +138,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     episodes = play_expert(factory, seeds, rates, rng)
     progress.say(f"base: {len(episodes)} expert demonstrations (planted deficit rate {cfg.deficit_rate})")
     # routing prompts: task texts of the target, labelled with the capability their kind needs
-    caps = [c for c, _ in STRUCTURAL_RULES]
+    caps = [r.capability for r in STRUCTURAL_RULES]
     by_slug = {c.name.replace(" ", "_"): c.name for c in caps}
     openings = [next(m["content"] for m in ep if m["role"] == "user") for ep in episodes]
     need = [by_slug.get(task_kind(o)) for o in openings]
@@ -158,6 +159,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
+    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, len(tokenizer), steps=cfg.copy_steps, seed=cfg.seed):.3f}")
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
                        progress=lambda s, n, loss: progress.step(s, n, f"steps, loss {loss:.3f}"))
@@ -194,6 +196,7 @@ def run_identify(cfg: DemoConfig, out: Path, policy, factory, progress: Progress
     import torch
 
     from envforge import identify as ident
+    from envforge.identify.report import plot
     from envforge.targets import load_target
     from envforge.trajectories import load_trajectories, write_jsonl
     from trainers.rollout import run_episodes
@@ -202,11 +205,11 @@ def run_identify(cfg: DemoConfig, out: Path, policy, factory, progress: Progress
     episodes = run_episodes(policy, factory, seeds, max_new_tokens=cfg.max_new_tokens, temperature=1.0)
     path = out / "trajectories.jsonl"
     write_jsonl(to_trajectories(episodes, expected_actions(factory, seeds), "target-"), path)
-    report = ident.identify(load_trajectories(path), ident.IdentifyConfig(seed=cfg.seed),
-                            meta=load_target("example").meta)
-    (out / "capabilities.json").write_text(json.dumps(report, indent=2) + "\n")
-    ident.plot(report, out / "capabilities.png")
-    return report
+    found = ident.identify(load_trajectories(path), ident.IdentifyConfig(seed=cfg.seed),
+                           meta=load_target("example").meta)
+    found.write(out / "capabilities.json")
+    plot(found, out / "capabilities.png")
+    return found.to_dict()
 
 
 def family_of(name: str) -> str | None:
@@ -246,7 +249,7 @@ def evaluate_method(policy, target: Path, seeds: list[int], cfg: DemoConfig) -> 
     from trainers.evaluate import evaluate
     return evaluate(policy, [{"env": str(target), "seed": s} for s in seeds],
                     max_new_tokens=cfg.max_new_tokens, temperature=1.0, pool_size=cfg.pool_size,
-                    backend=cfg.backend, seed=cfg.seed)
+                    backend=cfg.backend, seed=cfg.seed).to_dict()
 
 
 def summary(scores: list[float]) -> dict:
@@ -327,9 +330,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             rep = calibrate(base, env, CalibrationConfig(groups=cfg.calibration_groups, group_size=16,
                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                                                         pool_size=cfg.pool_size, backend=cfg.backend))
-            results["calibration"][cap] = {"ok": rep["ok"], **rep["metrics"]}
-            progress.say(f"calibrate {cap}: mean reward {rep['metrics']['mean_reward']:.2f}, "
-                         f"success {rep['metrics']['success_rate']:.2f}")
+            results["calibration"][cap] = {"ok": rep.ok, **rep.metrics}
+            progress.say(f"calibrate {cap}: mean reward {rep.metrics['mean_reward']:.2f}, "
+                         f"success {rep.metrics['success_rate']:.2f}")
 
     # 5. train
     adapters = out / "adapters"
