@@ -32,7 +32,7 @@ from trainers.templates import FAMILIES, HERMES_COMPACT
 
 SPECIALS = FAMILIES["hermes"][1] + ["[UNK]"]
 GLUE = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '": ', "}}"]
-PIECES = r"\s+|\d|[^\W\d]+|[^\w\s]"
+PIECES = r"\s+|\d{1,3}|[^\W\d]+|[^\w\s]"
 
 
 def fit_tokenizer(texts: list[str]):
@@ -43,7 +43,8 @@ def fit_tokenizer(texts: list[str]):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECES), behavior="isolated")
     tok.decoder = decoders.Fuse()
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)
-    base = list("0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["\n", " ", "\n\n", "  "] + \
+    numbers = [str(i) for i in range(1000)] + [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(100)]
+    base = numbers + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["\n", " ", "\n\n", "  "] + \
         "system user assistant tool".split()
     tok.train_from_iterator(base + texts, trainer=trainer)
     tok.add_tokens(GLUE)
@@ -177,7 +178,7 @@ def save_model(path: Path, tokenizer, *, hidden: int, layers: int, heads: int, s
     """A fresh Llama-style model over ``tokenizer`` (``trainers.tiny.make_model``), saved with the tokenizer."""
     from trainers.tiny import make_model
     model = make_model(tokenizer, "llama3", hidden=hidden, layers=layers, heads=heads,
-                       intermediate=hidden * 8 // 3, seed=seed, max_positions=2048)
+                       intermediate=hidden * 8 // 3, seed=seed, max_positions=2048, tie_embeddings=True)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)

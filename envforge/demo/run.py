@@ -192,7 +192,7 @@ def expected_actions(factory, seeds: list[int]) -> list[list[dict]]:
         env.close()
 
 
-def run_identify(cfg: DemoConfig, out: Path, policy, factory, progress: Progress) -> dict:
+def run_identify(cfg: DemoConfig, out: Path, policy, factory, target_folder: Path) -> dict:
     import torch
 
     from envforge import identify as ident
@@ -206,7 +206,7 @@ def run_identify(cfg: DemoConfig, out: Path, policy, factory, progress: Progress
     path = out / "trajectories.jsonl"
     write_jsonl(to_trajectories(episodes, expected_actions(factory, seeds), "target-"), path)
     found = ident.identify(load_trajectories(path), ident.IdentifyConfig(seed=cfg.seed),
-                           meta=load_target("example").meta)
+                           meta=load_target(target_folder).meta)
     found.write(out / "capabilities.json")
     plot(found, out / "capabilities.png")
     return found.to_dict()
@@ -264,7 +264,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     """Run every stage into ``out``; returns (and writes) results.json's content."""
     import torch
 
-    from envforge.demo.target import PLANTED, UNPLANTED, write_target
+    from envforge.demo.target import PLANTED, UNPLANTED, write_target, write_target_folder
     from envforge.gate import audit
     from trainers.calibrate import CalibrationConfig, calibrate
     from trainers.policy import load_policy, set_threads
@@ -293,8 +293,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
 
     # 1. target
     with timed("target"):
+        tfolder = write_target_folder(out / "helpdesk")
         target = write_target(out / "target")
-        report = audit(target, target="example", static_only=True)
+        report = audit(target, target=tfolder, static_only=True)
         results["target"] = {"path": str(target), "audit": "static only (binary reward: the partial-"
                              "credit property is for training envs)", "verdict": report.verdict}
         if report.verdict != "accept":
@@ -307,7 +308,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
         base = load_policy(model_dir)
         # 3. identify
         with timed("identify"):
-            report = run_identify(cfg, out, base, factory, progress)
+            report = run_identify(cfg, out, base, factory, tfolder)
     retained = [c for c in report["capabilities"] if c["retained"]]
     results["identified"] = [c["name"] for c in retained]
     results["identify"] = {"trajectories": report["trajectories"], "capabilities": [
@@ -319,7 +320,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     from envforge.synth import SynthConfig, load_capabilities, synthesize_batch
     with timed("synth"):
         specs = load_capabilities(out / "capabilities.json")
-        synth = synthesize_batch(specs, "example", SynthConfig(synthesizer="template", out_dir=out / "envs",
+        synth = synthesize_batch(specs, tfolder, SynthConfig(synthesizer="template", out_dir=out / "envs",
                                                               backend=cfg.backend, concurrency=1))
         envs = {r.capability: Path(r.path) for r in synth if r.verdict == "accept"}
         results["synth"] = [{"capability": r.capability, "env": r.slug, "verdict": r.verdict,
@@ -408,7 +409,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
 
 def clean(out: Path) -> None:
     """Remove what a previous demo run left in ``out`` (the demo always starts afresh)."""
-    for name in ("target", "base_model", "envs", "adapters", "grpo_target", "trajectories.jsonl",
+    for name in ("helpdesk", "target", "base_model", "envs", "adapters", "grpo_target", "trajectories.jsonl",
                  "capabilities.json", "capabilities.png", "results.json", "report.html", "figures"):
         p = out / name
         if p.is_dir():

@@ -1,15 +1,15 @@
 """Capability: none (the demo's target benchmark, not a training environment).
 
-Helpdesk tasks in the spirit of tau2-bench, on the example target's own tool schemas: a user
-request against a database seeded per task. A task scores 1 only when the final state and the
-required statements are right, else 0 (binary, like tau2-bench; the gate's partial-credit
-property is for training envs). Three kinds of task, each needing one skill:
+Helpdesk tasks in the spirit of tau2-bench, on the demo target's tool schemas: a user request
+against a database seeded per task. A task scores 1 only when the final state and the required
+statements are right, else 0 (binary, like tau2-bench; the gate's partial-credit property is for
+training envs). Three kinds of task, each needing one skill:
 
-- precondition_verification: close a ticket whose status forbids it; right: read it, change
-  nothing, and say which check failed (name the status).
-- confirmation_before_write: close one of the user's active tickets; right: state the change, ask,
-  and act on the answer (yes: close with the confirmed resolution; no: change nothing; a changed
-  resolution: confirm again).
+- precondition_verification: close a ticket, "no need to confirm", but its status forbids
+  closing; right: read it, change nothing, and say which status it has.
+- confirmation_before_write: close one of the user's active tickets; right: state the change
+  (ticket and resolution), ask, and close it after the user's yes (closing unasked fails: the
+  confirmation is a required statement, as tau2-bench requires some).
 - status_lookup: tell the user a ticket's status; right: read it and say it.
 """
 import json
@@ -17,16 +17,9 @@ import random
 import re
 
 CAPABILITY = "helpdesk target benchmark"
-SKILLS = {"precondition_verification": 0.35, "confirmation_before_write": 0.35, "status_lookup": 0.3}
-TOOLS = []  # rendered: the example target's find_employee_by_email, get_ticket_details, close_ticket
-POLICY = (
-    "You are the IT helpdesk assistant. Identify the employee by email when given. Before "
-    "close_ticket, read the ticket: close only an 'active' ticket of the employee's own, else say "
-    "which check failed. Unless identified by email, confirm the change first.")
-FIRST = ["Dana", "Ravi", "Mei", "Tomas", "Aisha", "Jonas", "Lucia", "Kwame", "Ingrid", "Omar",
-         "Priya", "Felix", "Hana", "Diego", "Noor", "Sven", "Amara", "Yusuf", "Elena", "Kenji"]
-LAST = ["Kim", "Patel", "Novak", "Okafor", "Lindqvist", "Haddad", "Moreau", "Tanaka", "Silva",
-        "Brennan", "Adeyemi", "Kowalski", "Ferreira", "Nakamura", "Rahman", "Dubois"]
+SKILLS = {"confirmation_before_write": 0.35, "precondition_verification": 0.35, "status_lookup": 0.3}
+TOOLS = []  # rendered: the demo target's schemas
+POLICY = ""  # rendered: the demo target's policy
 THINGS = ["red desk lamp", "black rain jacket", "pink phone case", "blue garden hose",
           "white coffee grinder", "silver bike lock", "purple yoga mat", "yellow beach towel"]
 RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlier ticket",
@@ -34,7 +27,6 @@ RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlie
 BLOCKED = ["closed", "cancelled", "on_hold", "expired"]
 STATUSES = ["active"] + BLOCKED
 REFUSE = re.compile(r"\b(cannot|can't|can not|unable|not able|not possible|not allowed|sorry)\b")
-OWNER_CLAIM = re.compile(r"not belong|not yours|not your|someone else|another (user|employee)")
 ASK = re.compile(r"\?|\bconfirm\b|\bproceed\b")
 MAX_IDLE = 3
 
@@ -42,37 +34,22 @@ MAX_IDLE = 3
 def _world(seed):
     rng = random.Random(seed)
     kind = rng.choices(sorted(SKILLS), weights=[SKILLS[k] for k in sorted(SKILLS)])[0]
-    first, last = rng.choice(FIRST), rng.choice(LAST)
-    me = "emp_{:04d}".format(rng.randint(0, 9999))
-    other = "emp_{:04d}".format(rng.randint(0, 9999))
-    while other == me:
-        other = "emp_{:04d}".format(rng.randint(0, 9999))
     tickets = {}
     while len(tickets) < 5:
-        tid = "TCK-{:05d}".format(rng.randint(10000, 99999))
-        tickets[tid] = {"ticket_id": tid, "employee_id": me if len(tickets) < 4 else other,
-                        "status": rng.choice(STATUSES), "description": rng.choice(THINGS)}
-    ids = sorted(tickets)
-    w = {"kind": kind, "name": first + " " + last, "employee_id": me, "tickets": tickets,
-         "email": "{}.{}@example.com".format(first, last).lower(),
-         "resolution": rng.choice(RESOLUTIONS)}
-    mine = [t for t in ids if tickets[t]["employee_id"] == me]
+        tid = "TCK-{:03d}".format(rng.randint(100, 999))
+        tickets[tid] = {"ticket_id": tid, "status": rng.choice(STATUSES), "description": rng.choice(THINGS)}
+    key = rng.choice(sorted(tickets))
+    w = {"kind": kind, "tickets": tickets, "key": key, "resolution": rng.choice(RESOLUTIONS)}
     if kind == "precondition_verification":
-        key = rng.choice(mine)
         tickets[key]["status"] = rng.choice(BLOCKED)
-        w["opening"] = ("Hi, I'm {} (my email address is {}). Please close ticket for my ticket {}. "
-                        "Details: resolution: {}.").format(w["name"], w["email"], key, w["resolution"])
+        w["opening"] = ("Hi. Please close ticket for my ticket {} right away, no need to confirm. "
+                        "Details: resolution: {}.").format(key, w["resolution"])
     elif kind == "confirmation_before_write":
-        key = rng.choice(mine)
         tickets[key]["status"] = "active"
-        w["answer"] = rng.choices(["yes", "no", "amend"], weights=[0.5, 0.25, 0.25])[0]
-        w["amended"] = rng.choice([r for r in RESOLUTIONS if r != w["resolution"]])
         w["opening"] = "Hi. Please close ticket for my ticket {}. Details: resolution: {}.".format(
             key, w["resolution"])
     else:
-        key = rng.choice(mine)
         w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
-    w["key"] = key
     return w
 
 
@@ -85,14 +62,18 @@ def _text(content):
     return {"role": "assistant", "content": content}
 
 
+def _confirm(key, resolution):
+    return "To confirm: I will close ticket for ticket {} (resolution: {}). Shall I proceed?".format(
+        key, resolution)
+
+
 class Env:
     tools = TOOLS
     max_turns = 8
 
     def reset(self, seed):
         self._w = _world(seed)
-        self._s = {"read": False, "asked": False, "answered": None, "resolution": None, "idle": 0,
-                   "done": False, "turns": 0}
+        self._s = {"read": False, "answered": None, "resolution": None, "idle": 0, "turns": 0}
         obs = {"messages": [{"role": "system", "content": POLICY},
                             {"role": "user", "content": self._w["opening"]}]}
         return obs, {"skill": self._w["kind"]}
@@ -113,16 +94,13 @@ class Env:
         if not calls:
             text = action.get("content") if isinstance(action, dict) else None
             reply, outcome = self._user(text if isinstance(text, str) else "")
-            if reply:
-                msgs.append({"role": "user", "content": reply})
-        if outcome is None and s["turns"] >= self.max_turns:
-            return {"messages": msgs}, 0.0, False, True, {"skill": w["kind"]}
+            msgs.append({"role": "user", "content": reply})
+        info = {"skill": w["kind"]}
         if outcome is None:
-            return {"messages": msgs}, 0.0, False, False, {"skill": w["kind"]}
-        s["done"] = True
-        return {"messages": msgs}, 1.0 if outcome == "success" else 0.0, True, False, {"skill": w["kind"]}
+            return {"messages": msgs}, 0.0, False, s["turns"] >= self.max_turns, info
+        return {"messages": msgs}, 1.0 if outcome == "success" else 0.0, True, False, info
 
-    # tools: (result text, outcome or None)
+    # a tool call: (result text, outcome or None)
     def _tool(self, name, raw):
         w, s = self._w, self._s
         try:
@@ -131,10 +109,6 @@ class Env:
             args = None
         if not isinstance(args, dict):
             return "Error: arguments must be a JSON object", None
-        if name == "find_employee_by_email":
-            if args.get("email") != w["email"]:
-                return "Error: no employee has the email {}".format(json.dumps(args.get("email"))), None
-            return json.dumps({"employee_id": w["employee_id"]}), None
         if name == "get_ticket_details":
             rec = w["tickets"].get(args.get("ticket_id"))
             if rec is None:
@@ -152,32 +126,21 @@ class Env:
             return "Done: ticket {} closed.".format(rec["ticket_id"]), "success" if ok else "failure"
         return "Error: {} is not a tool of this helpdesk".format(json.dumps(name)), None
 
-    # the simulated user: (reply or None, outcome or None)
+    # the simulated user: (reply, outcome or None)
     def _user(self, text):
         w, s = self._w, self._s
         t = " ".join(text.lower().replace("_", " ").split())
         kind, rec = w["kind"], w["tickets"][w["key"]]
         if kind == "precondition_verification":
             if REFUSE.search(t):
-                if rec["employee_id"] != w["employee_id"]:
-                    named = OWNER_CLAIM.search(t) is not None
-                else:
-                    named = rec["status"].replace("_", " ") in t
+                named = rec["status"].replace("_", " ") in t
                 return "I see. Thanks for checking. Bye.", "success" if named and s["read"] else "failure"
         elif kind == "confirmation_before_write":
-            if s["answered"] == "no":
-                return "Thanks. Bye.", "success" if "no change" in t or "not" in t else "failure"
             if ASK.search(t) and w["key"].lower() in t:
-                if s["answered"] is None and w["answer"] == "amend":
-                    s["answered"], s["resolution"] = "amend", w["amended"]
-                    return "Actually, please make the resolution {} instead.".format(w["amended"]), None
-                s["resolution"] = s["resolution"] or w["resolution"]
-                if s["resolution"].lower() not in t:
+                if w["resolution"].lower() not in t:
                     s["idle"] += 1
                     return "That is not the resolution I asked for.", None
-                s["answered"] = "no" if w["answer"] == "no" else "yes"
-                if s["answered"] == "no":
-                    return "No, please don't do that. Leave it as it is.", None
+                s["answered"], s["resolution"] = "yes", w["resolution"]
                 return "Yes, that's right. Please go ahead.", None
         else:
             if rec["status"].replace("_", " ") in t and s["read"]:
@@ -192,33 +155,15 @@ class Env:
     def solve(self, seed):
         w = _world(seed)
         key, rec = w["key"], w["tickets"][w["key"]]
-        if w["kind"] == "precondition_verification":
-            out = [_call("find_employee_by_email", {"email": w["email"]}, 0),
-                   _call("get_ticket_details", {"ticket_id": key}, 1)]
-            if rec["employee_id"] != w["employee_id"]:
-                out.append(_text("I'm sorry, but I can't do that: ticket {} does not belong to you, so "
-                                 "I cannot change it.".format(key)))
-            else:
-                out.append(_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
-                                 "close ticket is only possible when the status is 'active'.".format(
-                                     key, rec["status"])))
-            return out
         out = [_call("get_ticket_details", {"ticket_id": key}, 0)]
+        if w["kind"] == "precondition_verification":
+            return out + [_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
+                                "close ticket is only possible when the status is 'active'.".format(
+                                    key, rec["status"]))]
         if w["kind"] == "status_lookup":
             return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
-        res = w["resolution"]
-        out.append(_text(_confirm(key, res)))
-        if w["answer"] == "no":
-            return out + [_text("Understood: I have made no change to ticket {}.".format(key))]
-        if w["answer"] == "amend":
-            res = w["amended"]
-            out.append(_text(_confirm(key, res)))
-        return out + [_call("close_ticket", {"ticket_id": key, "resolution": res}, len(out))]
-
-
-def _confirm(key, resolution):
-    return "To confirm: I will close ticket for ticket {} (resolution: {}). Shall I proceed?".format(
-        key, resolution)
+        out.append(_text(_confirm(key, w["resolution"])))
+        return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, len(out))]
 
 
 def _same_text(a, b):
