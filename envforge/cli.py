@@ -66,7 +66,7 @@ class Group(click.Group):
 
     command_class = Command
     group_class = type  # sub-groups are Groups too
-    ORDER = ("identify", "synth", "audit", "sandbox", "calibrate", "train", "route", "eval")
+    ORDER = ("demo", "identify", "synth", "audit", "sandbox", "calibrate", "train", "route", "eval")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = super().list_commands(ctx)
@@ -581,14 +581,20 @@ def train(envs, model, out_dir, no_resume, **kwargs):
         out_folder(Path(out_dir) / slug, "--out")
     set_threads(config.threads)
 
+    spent: list[float] = []
+
     def show(s):
+        spent.append(s.seconds)
+        eta = sum(spent) / len(spent) * (config.iterations - s.iteration)
         click.echo(f"  iter {s.iteration:3d}/{config.iterations}  reward {s.reward_mean:.3f} ± {s.reward_std:.3f}  "
                    f"constant groups {s.constant_fraction:.0%}  trained {s.groups_trained}/{s.groups_collected}  "
-                   f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s"
-                   + (f"  errors {s.errors}" if s.errors else ""))
+                   f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s (generate "
+                   f"{s.generate_s:.1f}s, env wait {s.env_wait_s:.1f}s, loss {s.loss_s:.1f}s)  "
+                   f"ETA {eta:.0f}s" + (f"  errors {s.errors}" if s.errors else ""))
     for env, slug in zip(envs, slugs):
         out = Path(out_dir) / slug
         click.echo(f"train {slug} -> {out}")
+        spent.clear()
         trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
                               base_model=model, resume=not no_resume, progress=show,
                               on_resume=lambda i: click.echo(f"  resumed at iteration {i}"))
@@ -716,3 +722,30 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_token
         table.add_row(name, str(m["n"]), f"{m['mean']:.3f}" if m["mean"] is not None else "-",
                       f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["mean"] is not None else "-")
     console().print(table)
+
+
+# ----------------------------------------------------------------------------- demo
+# (envforge/demo: the whole loop on a small agent made locally; see docs/demo.md)
+
+@main.command()
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds every stage.")
+@click.option("--out", "out_dir", default="demo_out", show_default=True,
+              help="Folder for results.json, report.html, figures, the model, envs and adapters "
+                   "(what an earlier demo left there is replaced).")
+@click.option("--quick", is_flag=True, help="Smaller budgets (a few minutes; what CI runs).")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="torch threads (1 is fastest on a small or busy CPU).")
+def demo(seed, out_dir, quick, threads):
+    """Run TRACE end to end offline: make a small agent with planted deficits, identify them,
+    synthesize and audit envs, train adapters, route, and compare with the baselines on held-out
+    target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
+    _need_train_extra()
+    from envforge.demo.report import print_table
+    from envforge.demo.run import DemoConfig, clean, run_demo
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    clean(out)
+    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out)
+    print_table(results, sys.stdout)
+    click.echo(f"wrote {out / 'results.json'} and {out / 'report.html'}")
