@@ -394,7 +394,9 @@ def _llm(run: _Run, client: Any) -> SynthResult:
             findings, stats = [problem], None
             attempt = Attempt(n, "reject", findings, None, reply.usage, reply.cached)
             if not (run.folder / "report.json").exists():
-                _write_json(run.folder / "report.json", Report(str(run.folder), [problem], run.target.name).to_dict())
+                _write_json(run.folder / "report.json", Report(
+                    str(run.folder), [problem], run.target.name,
+                    target_schema_hash=run.target.schema_hash()).to_dict())
         else:
             run.say(f"attempt {n}/{run.config.attempts}: gate")
             report = run.audit(code)
