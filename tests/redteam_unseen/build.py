@@ -52,7 +52,7 @@ def _(t):
                '                return "Error: loan {} is overdue.".format(loan["loan_id"]), None\n'
                '            loan["extended_by_days"] = args["days"]\n')
 
-@flaw("s_format_partial", "static", "functools.partial(str.format) is a format call the lookup rule cannot see; a field built from pieces reads a dunder walk ({0.__init__.__globals__}) into the system prompt")
+@flaw("s_format_partial", "static", "functools.partial(str.format) is a format call the lookup rule cannot see; a field built from pieces ('_' * 2 + 'globals' ...) walks {0.reset.__func__.__globals__[CAPABILITY]} into the system prompt: a dunder walk the audit never sees")
 def _(t):
     t = sub(t, "import json\n", "import functools\nimport json\n")
     t = sub(t, '        obs = {"messages": [{"role": "system", "content": POLICY},\n',
@@ -164,14 +164,14 @@ def _(t):
     return sub(t, '            known = ", ".join(t["function"]["name"] for t in TOOLS)\n',
                '            known = ", ".join({t["function"]["name"] for t in TOOLS})\n')
 
-@flaw("l_mutable_default", "classic", "a shared mutable default (_seen=[]) keeps every id ever drawn: ~1.5 KiB a reset, a leak under the 16 MiB threshold over 2,000 resets (GiBs over training's millions); it also, rarely, changes a seed's world")
+@flaw("l_mutable_default", "classic", "a shared mutable default (_seen=[]) keeps every id ever drawn: ~1.3 KiB a reset, a leak under the 16 MiB threshold over 2,000 resets (GiBs over training's millions); it also, rarely, changes a seed's world")
 def _(t):
     t = sub(t, "def _unique(rng, fmt, low, high, taken):\n", "def _unique(rng, fmt, low, high, taken, _seen=[]):\n")
     return sub(t, "        if value not in taken:\n            taken.append(value)\n",
                "        if value not in taken and value not in _seen[-3:]:\n            taken.append(value)\n            _seen.append(value)\n")
 
 # ---------------------------------------------------------------- robustness traps
-@flaw("r_regex_rule_hang", "robustness", "a catastrophic regex on lines of dashes (a markdown rule '-----' of 30+ then text) hangs the step")
+@flaw("r_regex_rule_hang", "robustness", "re.match(r'(-+)+$') on each line: a markdown rule of 25+ dashes followed by any character backtracks exponentially (0.6 s at 22 dashes, doubling per dash)")
 def _(t):
     return sub(t, USER_REPLY, USER_REPLY + '        text = "\\n".join(l for l in text.split("\\n") if not re.match(r"(-+)+$", l))\n')
 
