@@ -120,12 +120,14 @@ def _(t):
     return sub(t, '                                              "system": sc.get("system"),\n                                              "level": sc.get("level")}),\n',
                '                                              "system": sc.get("system"),\n                                              "level": args.get("level")}),\n')
 
-@flaw("c_days_unobservable", "capability", "the user asks for 'a few more days' and the reward wants the exact hidden sc['days'] that solve() reads (an integer, which the observability probe does not look at)")
+@flaw("c_days_unobservable", "capability", "the user asks for 'a few more days' and neither the ticket nor anything else shows the number; the reward wants the exact hidden sc['days'] that solve() reads (an integer, which the observability probe does not look at)")
 def _(t):
     t = sub(t, '    return "Could you extend my laptop loan {} by {} days?".format(sc["loan_id"], sc["days"])\n',
             '    return "Could you extend my laptop loan {} by a few more days?".format(sc["loan_id"])\n')
-    return sub(t, '        return sc["loan_id"].lower() in text and re.search(\n            r"\\b{}\\b".format(sc["days"]), text) is not None\n',
+    t = sub(t, '        return sc["loan_id"].lower() in text and re.search(\n            r"\\b{}\\b".format(sc["days"]), text) is not None\n',
                '        return sc["loan_id"].lower() in text\n')
+    return sub(t, '        request = {"type": "loan_extension", "loan_id": sc["loan_id"], "days": sc["days"]}\n',
+               '        request = {"type": "loan_extension", "loan_id": sc["loan_id"]}\n')
 
 @flaw("c_reads_unneeded_renamed", "capability", "reads are credited whether made or not, and the capability is named 'acting within policy' so the reads-removed probe (keyed on the capability's name) does not run")
 def _(t):
@@ -138,6 +140,23 @@ def _(t):
 def _(t):
     return sub(t, "    def _checked(self):\n        return self._ticket_read and (self._sc[\"kind\"] != \"loan\" or self._employee_read)\n",
                "    def _checked(self):\n        return True\n")
+
+@flaw("c_delivery_unobservable", "capability", "the user asks for a password reset without saying how to send it, and the ticket no longer records it; the reward wants the hidden sc['delivery'] (sms or email) that solve() reads: an enum value, which the observability probe skips")
+def _(t):
+    t = sub(t, '        way = "by text message (SMS)" if sc["delivery"] == "sms" else "by email"\n        return "I\'m locked out: please reset my password and send the temporary one " + way + "."\n',
+            '        return "I\'m locked out: please reset my password and send me the temporary one."\n')
+    t = sub(t, '            return ("sms" in text or "text message" in text) if sc["delivery"] == "sms" else (\n                "email" in text and "sms" not in text)\n',
+               '            return True\n')
+    return sub(t, '            request = {"type": "password_reset", "delivery": sc["delivery"]}\n',
+               '            request = {"type": "password_reset"}\n')
+
+@flaw("c_answer_in_prompt", "capability", "the opening message states the failed precondition outright ('my manager hasn't approved it yet'), so the reads the capability is about decide nothing; they are still credited")
+def _(t):
+    return sub(t, '        obs = {"messages": [{"role": "system", "content": POLICY},\n',
+               '        hint = {"status": " (I know the ticket was closed.)", "owner": " (It\'s a colleague\'s ticket.)",\n'
+               '                "approval": " (My manager hasn\'t approved it yet.)", "overdue": " (The loan is overdue.)"}\n'
+               '        self._opening += hint.get(self._sc["blocker"], "")\n'
+               '        obs = {"messages": [{"role": "system", "content": POLICY},\n')
 
 # ---------------------------------------------------------------- classic reward mistakes
 @flaw("l_any_write", "classic", "any executed write on an unblocked request counts as right (tool and arguments ignored)")
@@ -182,6 +201,11 @@ def _(t):
     return sub(t, '        if outcome in ("none", "user_left"):  # checked but never decided: half the process credit\n            return round(process / 2, 4)\n',
                '        if outcome == "none" and self._checked():\n            return round(process + 0.5, 4)  # the records were checked: the request was handled\n'
                '        if outcome in ("none", "user_left"):  # checked but never decided: half the process credit\n            return round(process / 2, 4)\n')
+
+@flaw("l_any_args_read", "classic", "any call of get_ticket_details, even one that fails ('not found'), counts as having read the ticket: the read's argument is never checked")
+def _(t):
+    return sub(t, '            ticket = w["tickets"].get(args["ticket_id"])\n            if ticket is None:\n                return "Error: ticket {} not found.".format(json.dumps(args["ticket_id"])), None\n            self._ticket_read = self._ticket_read or ticket["ticket_id"] == sc["ticket_id"]\n',
+               '            ticket = w["tickets"].get(args["ticket_id"])\n            self._ticket_read = True\n            if ticket is None:\n                return "Error: ticket {} not found.".format(json.dumps(args["ticket_id"])), None\n')
 
 # ---------------------------------------------------------------- robustness traps
 @flaw("r_regex_rule_hang", "robustness", "re.match(r'(-+)+$') on each line: a markdown rule of 25+ dashes followed by any character backtracks exponentially (0.6 s at 22 dashes, doubling per dash)")

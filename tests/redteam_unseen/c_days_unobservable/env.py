@@ -252,7 +252,7 @@ def _build(rng):
         sc["kind"], sc["days"] = "loan", rng.randint(3, 21)
         owner = other if sc["blocker"] == "owner" else requester
         sc["loan_id"] = add_loan(owner, "overdue" if sc["blocker"] == "overdue" else "active")
-        request = {"type": "loan_extension", "loan_id": sc["loan_id"], "days": sc["days"]}
+        request = {"type": "loan_extension", "loan_id": sc["loan_id"]}
         sc["ticket_id"] = add_ticket(requester, live, request)
     return {"employees": employees, "tickets": tickets, "loans": loans, "scenario": sc}
 
