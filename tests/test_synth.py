@@ -333,7 +333,7 @@ def test_identify_then_synth_from_works_offline(tmp_path, out):
     found = json.loads(caps.read_text())["capabilities"]
     assert found[0]["name"] == "action completion" and found[0]["retained"]
     r = invoke("synth", "--from", str(caps), "--all", "-t", str(TARGETS / "tau2" / "retail"),
-               "--out", str(out), *FAST, "--json")
+               "--out", str(out), "--seeds", "20", "--json")   # 8 seeds: partial credit can miss
     results = json.loads(r.output)
     assert [(x["capability"], x["verdict"]) for x in results] == [(c["name"], "accept") for c in found]
     assert r.exit_code == 0
