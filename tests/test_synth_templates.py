@@ -508,7 +508,8 @@ def test_matrix_every_family_on_every_target_is_accepted(matrix_results, name, f
 @pytest.mark.slow
 @pytest.mark.parametrize("name, family", [("example", "information_gathering"),
                                           ("retail", "precondition_verification"),
-                                          ("airline", "argument_precision")])
+                                          ("airline", "argument_precision"),
+                                          ("airline", "error_recovery")])
 def test_full_gate_on_a_few(tmp_path, name, family):
     """The default gate (50 seeds per property) on a few pairs of the matrix."""
     t = target(name)
