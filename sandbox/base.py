@@ -191,7 +191,8 @@ class Sandbox:
         IDLE_CPU_S kills the sandbox (SandboxCrashed). Then marks the clock afresh, as it does
         (without checking) after a call of REMARK_S or more, whose wall time would otherwise
         leave slack. Transports that cannot tell (cpu_seconds() is None) are not checked here."""
-        used = self.transport.cpu_seconds()
+        reader = getattr(self.transport, "cpu_seconds", None)  # (a duck-typed transport: none)
+        used = reader() if reader else None
         if used is None:
             return
         if check and self._cpu_mark is not None:
