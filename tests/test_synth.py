@@ -318,8 +318,9 @@ def test_import_synth_is_light():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.split())
     # synth uses the gate (a lower layer) at module level; neither loads a heavy package then
-    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "docker",
-             "envforge.cli", "envforge.identify", "trainers")
+    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "transformers",
+             "peft", "trl", "docker", "ray", "envforge.cli", "envforge.identify", "trainers",
+             "sandbox.docker", "sandbox.process")
     assert not [m for m in mods if m.startswith(heavy)]
 
 

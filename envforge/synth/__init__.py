@@ -298,8 +298,13 @@ class _Run:
         self.manifest["code_sha256"] = sha256(code)
         self.save(None)  # an interruption from here on leaves a folder marked unfinished
         self.say("gate: waiting for the gate")
+        # the gate's probes drawn from the code's hash: an attempt's findings and measured scores,
+        # hence the repair request that quotes them, are the same on a re-run, so the LLM cache
+        # answers it and an interrupted batch resumes (env code cannot read its own hash)
+        probe_seed = int(self.manifest["code_sha256"][:15], 16)
         return gate_audit(self.folder, target=self.target, backend=self.config.backend,
-                          settings=GateSettings(seeds=self.config.seeds), write_report=True,
+                          settings=GateSettings(seeds=self.config.seeds, probe_seed=probe_seed),
+                          write_report=True,
                           progress=lambda step: self.say(f"gate: {step.text}"))
 
 
