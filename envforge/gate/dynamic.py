@@ -120,6 +120,7 @@ class Host:
         self.meta: dict = {}
         self.failures = 0
         self.instances: dict[str, int] = {}
+        self.slow: list[str] = []  # the calls slower than settings.slow_call_s
 
     def start(self) -> dict:
         self.sandbox = self.backend.start(self.settings.limits, hash_seed=self.hash_seed)
@@ -169,9 +170,11 @@ class Host:
             took = time.monotonic() - t0
             self.timings.append(took)
             if took > self.settings.slow_call_s and op != "resets":
-                self.findings.add("bounded", f"{where} took {took:.2f} s (allowed: {self.settings.slow_call_s:g} s "
-                                  "a call); reset/step must take milliseconds: training makes thousands of them",
-                                  key=("bounded", "slow"))
+                self.slow.append(f"{where} took {took:.2f} s")
+                if len(self.slow) == 3:  # one slow call can be a busy machine; three are the env
+                    self.findings.add("bounded", f"{'; '.join(self.slow)} (allowed: {self.settings.slow_call_s:g} s "
+                                      "a call); reset/step must take milliseconds: training makes thousands of them",
+                                      key=("bounded", "slow"))
             return value
         except EnvCallError as e:
             if e.kind == "protocol" and op == "resets":
