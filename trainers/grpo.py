@@ -104,6 +104,9 @@ class IterationStats:
     loss: float
     seconds: float
     errors: int = 0
+    generate_s: float = 0.0   # batched generation
+    env_wait_s: float = 0.0   # waiting for env steps not hidden behind generation
+    loss_s: float = 0.0       # forward/backward passes and the optimizer step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -307,7 +310,9 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         stats: dict = {}
         groups, collected, constant = self.collect(factory, executor, stats)
+        t1 = time.perf_counter()
         loss = self.update(groups)
+        loss_s = time.perf_counter() - t1
         self.iteration += 1
         scores = stats.get("scores", [])
         gen_s = stats.get("generate_s", 0.0)
@@ -318,7 +323,8 @@ class GRPOTrainer:
             groups_collected=collected, groups_trained=len(groups), episodes=len(scores),
             generated_tokens=stats.get("generated_tokens", 0),
             tokens_per_s=stats.get("generated_tokens", 0) / gen_s if gen_s else 0.0,
-            loss=loss, seconds=time.perf_counter() - t0, errors=stats.get("errors", 0))
+            loss=loss, seconds=time.perf_counter() - t0, errors=stats.get("errors", 0),
+            generate_s=gen_s, env_wait_s=stats.get("env_wait_s", 0.0), loss_s=loss_s)
 
     def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
         """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""

@@ -54,7 +54,8 @@ class GRPOConfig(Settings):
     seed: int = setting(0, "Seeds LoRA init and rollout sampling (env seeds come from "
                         "first_env_seed).")
     first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
-    threads: int | None = setting(None, "torch threads (unset: torch's default).", low=1, high=256)
+    threads: int | None = setting(1, "torch intra-op threads (measured on a busy 2-core CPU: 2 ran "
+                                  "~10x slower than 1; unset: torch's default).", low=1, high=256)
     device: str = setting("cpu", "'cpu', 'cuda', 'cuda:1', ...")
     pool_size: int | None = setting(None, "Warm sandboxes (unset: one per rollout of an iteration, "
                                     "at most 16).", low=1)

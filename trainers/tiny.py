@@ -46,7 +46,8 @@ def make_tokenizer(family: str = "hermes", vocab_size: int = 600):
 
 
 def make_model(tokenizer, family: str = "hermes", hidden: int = 64, layers: int = 2, heads: int = 4,
-               intermediate: int | None = None, seed: int = 0, max_positions: int = 4096):
+               intermediate: int | None = None, seed: int = 0, max_positions: int = 4096,
+               tie_embeddings: bool = False):
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -54,7 +55,7 @@ def make_model(tokenizer, family: str = "hermes", hidden: int = 64, layers: int 
     config = cls(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                  num_attention_heads=heads, num_key_value_heads=heads,
                  intermediate_size=intermediate or 2 * hidden, max_position_embeddings=max_positions,
-                 tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                 tie_word_embeddings=tie_embeddings, eos_token_id=tokenizer.eos_token_id,
                  pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

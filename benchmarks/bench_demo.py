@@ -1,0 +1,101 @@
+"""`envforge demo` over several seeds: the issue's goals table.
+
+    python benchmarks/bench_demo.py                  # 3 seeds, full budgets
+    python benchmarks/bench_demo.py --quick --seeds 0
+
+Each seed runs the whole demo (its own folder under --out) in a fresh process, one after the
+other. Prints the per-seed table and the goals, and writes benchmarks/results/demo.json.
+Timings are wall clock on this machine: on a shared CPU they are inflated (say so when quoting).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+METHODS = ("base", "routed", "merged", "grpo_target", "oracle")
+
+
+def goals(runs: list[dict]) -> list[tuple[str, str, bool]]:
+    mean = {m: statistics.fmean(r["methods"][m]["mean"] for r in runs) for m in METHODS}
+    full = [r for r in runs if not r["quick"]]
+    out = [
+        ("routed - base >= +0.30 on every seed",
+         ", ".join(f"{r['methods']['routed']['mean'] - r['methods']['base']['mean']:+.3f}" for r in runs),
+         all(r["methods"]["routed"]["mean"] - r["methods"]["base"]["mean"] >= 0.30 for r in runs)),
+        ("routed >= merged and >= GRPO on the target (mean of seeds)",
+         f"routed {mean['routed']:.3f}, merged {mean['merged']:.3f}, grpo_target {mean['grpo_target']:.3f}",
+         mean["routed"] >= mean["merged"] and mean["routed"] >= mean["grpo_target"]),
+        ("identify retains exactly the planted deficits, every seed",
+         "; ".join(", ".join(r["identified"]) or "none" for r in runs),
+         all(sorted(r["identified"]) == sorted(r["planted"]) for r in runs)),
+        ("routing accuracy >= 0.9",
+         ", ".join("-" if r["routing_accuracy"] is None else f"{r['routing_accuracy']:.3f}" for r in runs),
+         all((r["routing_accuracy"] or 0) >= 0.9 for r in runs)),
+        ("one seed, full < 15 min" if full else "one seed, --quick < 5 min",
+         ", ".join(f"{r['wall_s'] / 60:.1f} min" for r in runs),
+         all(r["wall_s"] < (900 if not r["quick"] else 300) for r in runs)),
+    ]
+    iters = [s for r in runs for t in r["training"].values() for s in t["seconds_per_iteration"]]
+    if iters:
+        med = statistics.median(iters)
+        out.append(("one GRPO iteration (4 x 4) <= 10 s", f"median {med:.1f} s over {len(iters)}", med <= 10))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "demo"))
+    a = ap.parse_args(argv)
+    runs = []
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for seed in [int(s) for s in a.seeds.split(",")]:
+        out = Path(a.out) / f"seed{seed}"
+        cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
+               "--out", str(out)] + (["--quick"] if a.quick else [])
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            print(f"seed {seed}: envforge demo exited {proc.returncode}", file=sys.stderr)
+            return 1
+        r = json.loads((out / "results.json").read_text())
+        r["process_wall_s"] = round(time.perf_counter() - t0, 1)
+        runs.append(r)
+    header = ["seed"] + list(METHODS) + ["routing acc.", "identified", "wall min"]
+    rows = [[str(r["seed"])] + [f"{r['methods'][m]['mean']:.3f}" for m in METHODS]
+            + [f"{r['routing_accuracy']:.3f}" if r["routing_accuracy"] is not None else "-",
+               ", ".join(r["identified"]), f"{r['wall_s'] / 60:.1f}"] for r in runs]
+    rows.append(["mean"] + [f"{statistics.fmean(r['methods'][m]['mean'] for r in runs):.3f}" for m in METHODS]
+                + ["", "", ""])
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print("\n| goal | measured | met |\n|---|---|---|")
+    checked = goals(runs)
+    for g, measured, ok in checked:
+        print(f"| {g} | {measured} | {'yes' if ok else 'no'} |")
+    path = REPO / "benchmarks" / "results" / "demo.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "load_avg_at_end": os.getloadavg()},
+        "quick": a.quick, "threads": a.threads,
+        "seeds": [{k: r[k] for k in ("seed", "methods", "identified", "planted", "routing_accuracy",
+                                     "rollouts_per_method", "stages", "wall_s")} for r in runs],
+        "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in checked]}, indent=2))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

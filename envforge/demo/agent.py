@@ -1,0 +1,191 @@
+"""The demo's base agent, made locally: a word-level tokenizer fitted to the domain, a small
+Llama-style causal LM, and supervised fine-tuning (SFT) on the scripted expert's
+demonstrations (with their planted deficits) and on routing prompts.
+
+This stage stands in for "an agent you already have"; it is the demo's only, not the pipeline's.
+The model is saved with ``save_pretrained`` and read back by ``trainers.policy.load_policy``, like
+any checkpoint.
+
+Tokenizer: word level (``tokenizers``), pieces are words, single digits, single punctuation marks
+and runs of whitespace, and the decoder joins them as they are, so text round-trips exactly
+(ids like ``TCK-48213`` are ``TCK - 4 8 2 1 3``: a model copies them digit by digit). The JSON
+glue of a tool call is a few added tokens, so a call is a short token sequence. The chat template
+is ``trainers.templates.HERMES_COMPACT`` (hermes calls; no tool list in the prompt: the model
+learns its tools here).
+
+Routing: a small model does not follow the router's prompt by itself, so SFT also teaches the
+form: prompts built by ``trainers.router.routing_messages`` over random subsets of the structural
+labeller's capabilities, answered with the option whose capability the task's kind needs (or
+0). The options' order and numbering vary, so the model has to read them.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trainers.templates import FAMILIES, HERMES_COMPACT
+
+SPECIALS = FAMILIES["hermes"][1] + ["[UNK]"]
+GLUE = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '": ', "}}"]
+PIECES = r"\s+|\d{1,3}|[^\W\d]+|[^\w\s]"
+
+
+def fit_tokenizer(texts: list[str]):
+    """A word-level tokenizer over ``texts`` (see the module docstring)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECES), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)
+    numbers = [str(i) for i in range(1000)] + [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(100)]
+    base = numbers + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["\n", " ", "\n\n", "  "] + \
+        "system user assistant tool".split()
+    tok.train_from_iterator(base + texts, trainer=trainer)
+    tok.add_tokens(GLUE)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token="[UNK]", chat_template=HERMES_COMPACT,
+                                   clean_up_tokenization_spaces=False)
+
+
+def episode_tokens(policy, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """The token sequence of an episode as a rollout builds it, with mask 1 on the assistant's
+    own turns (up to and including their end-of-turn token)."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    tokens = policy.encode(policy.render(messages[:first], add_generation_prompt=True))
+    mask = [0] * len(tokens)
+    i = first
+    while i < len(messages):
+        action = messages[i]
+        prev = policy.render(messages[:i], add_generation_prompt=True)
+        seg = policy.render(messages[:i + 1])[len(prev):]
+        cut = seg.rfind(policy.eot) + len(policy.eot)
+        ids = policy.encode(seg[:cut])
+        tokens += ids
+        mask += [1] * len(ids)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j > i + 1 and j < len(messages):
+            glue = policy.encode(policy.continuation(messages[:i], action, messages[i + 1:j], None))
+            tokens += glue
+            mask += [0] * len(glue)
+        i = j
+    return tokens, mask
+
+
+def prompt_tokens(policy, messages: list[dict], answer: str) -> tuple[list[int], list[int]]:
+    """A one-turn example: the prompt, then ``answer`` and the end-of-turn token (mask 1)."""
+    prompt = policy.encode(policy.render(messages, add_generation_prompt=True))
+    ans = policy.encode(answer) + [policy.eot_id]
+    return prompt + ans, [0] * len(prompt) + [1] * len(ans)
+
+
+def pretrain_copy(model, vocab_size: int, *, steps: int = 150, batch_size: int = 32, span: int = 8,
+                  lr: float = 3e-3, seed: int = 0) -> float:
+    """A short warm-up on a synthetic copy task (random tokens, ``span`` of them, a gap of random
+    length, the same span again; loss on the repeat): it forms the induction ("copy what
+    followed last time") circuit that copying ids and emails into tool calls needs, in about a
+    hundred steps, where SFT alone on the demonstrations took far longer. The gaps vary from
+    batch to batch so that only content, not a fixed offset, finds what to copy. Stands in for
+    the pretraining any real base model has had. Returns the last loss."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    value = float("nan")
+    low = len(SPECIALS) + 1
+    for _ in range(steps):
+        before, gap = (int(x) for x in torch.randint(0, 48, (2,), generator=g))
+        ids = torch.randint(low, vocab_size, (batch_size, before + span + gap + span), generator=g)
+        ids[:, -span:] = ids[:, before:before + span]
+        logits = model(input_ids=ids).logits[:, -span:-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, -span + 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value = float(loss.detach())
+    model.eval()
+    return value
+
+
+def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epochs: int = 8,
+        batch_size: int = 16, lr: float = 3e-3, seed: int = 0,
+        progress: Callable[[int, int, float], None] | None = None) -> list[float]:
+    """Next-token cross-entropy on the masked tokens; linear warm-up and cosine decay. Returns
+    the mean loss per epoch."""
+    from trainers.grpo import batch_tensors
+    from trainers.rollout import Episode
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * math.ceil(len(examples) / batch_size)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
+        1 + math.cos(math.pi * min(1.0, s / steps))))
+    model.train()
+    losses, step = [], 0
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))  # similar lengths per batch
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for epoch in range(epochs):
+        total = 0.0
+        for b in torch.randperm(len(batches), generator=g).tolist():
+            eps = [Episode(0, tokens=examples[i][0], mask=examples[i][1]) for i in batches[b]]
+            ids, attn, mask = batch_tensors(eps, pad_id)
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            m = mask[:, 1:]
+            loss = (nll * m).sum() / m.sum().clamp(min=1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            value = float(loss.detach())
+            total += value
+            if progress:
+                progress(step, steps, value)
+        losses.append(total / len(batches))
+    model.eval()
+    return losses
+
+
+def route_examples(tasks: list[tuple[str, str | None]], capabilities: list, examples: dict[str, list[str]],
+                   rng: random.Random, per_task: int = 1) -> list[tuple[list[dict], str]]:
+    """Routing prompts (``routing_messages``) with their right label: for each (task text, the
+    capability it needs or None), ``per_task`` random option lists drawn from ``capabilities``
+    (name, description), always holding the needed one."""
+    from trainers.router import AdapterInfo, routing_messages
+    out = []
+    for text, need in tasks:
+        for _ in range(per_task):
+            k = rng.randint(1, min(4, len(capabilities)))
+            chosen = rng.sample(capabilities, k)
+            if need is not None and need not in [c.name for c in chosen]:
+                chosen[rng.randrange(k)] = next(c for c in capabilities if c.name == need)
+            infos = sorted((AdapterInfo("x_" + c.name.replace(" ", "_"), Path("."), c.name, c.description,
+                                        examples.get(c.name, [])) for c in chosen), key=lambda a: a.name)
+            label = next((i for i, a in enumerate(infos, 1) if a.capability == need), 0)
+            out.append((routing_messages(text, infos), str(label)))
+    return out
+
+
+def save_model(path: Path, tokenizer, *, hidden: int, layers: int, heads: int, seed: int):
+    """A fresh Llama-style model over ``tokenizer`` (``trainers.tiny.make_model``), saved with the tokenizer."""
+    from trainers.tiny import make_model
+    model = make_model(tokenizer, "llama3", hidden=hidden, layers=layers, heads=heads,
+                       intermediate=hidden * 8 // 3, seed=seed, max_positions=2048, tie_embeddings=True)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return model
+
+
+def timed(fn, *a, **kw):
+    t0 = time.perf_counter()
+    out = fn(*a, **kw)
+    return out, time.perf_counter() - t0

@@ -1,0 +1,171 @@
+"""Capability: none (the demo's target benchmark, not a training environment).
+
+Helpdesk tasks in the spirit of tau2-bench, on the demo target's tool schemas: a user request
+against a database seeded per task. A task scores 1 only when the final state and the required
+statements are right, else 0 (binary, like tau2-bench; the gate's partial-credit property is for
+training envs). Three kinds of task, each needing one skill:
+
+- precondition_verification: close a ticket, "no need to confirm", but its status forbids
+  closing; right: read it, change nothing, and say which status it has.
+- confirmation_before_write: close one of the user's active tickets; right: state the change
+  (ticket and resolution), ask, and close it after the user's yes (closing unasked fails: the
+  confirmation is a required statement, as tau2-bench requires some).
+- status_lookup: tell the user a ticket's status; right: read it and say it.
+"""
+import json
+import random
+import re
+
+CAPABILITY = "helpdesk target benchmark"
+SKILLS = {"confirmation_before_write": 0.35, "precondition_verification": 0.35, "status_lookup": 0.3}
+TOOLS = []  # rendered: the demo target's schemas
+POLICY = ""  # rendered: the demo target's policy
+THINGS = ["red desk lamp", "black rain jacket", "pink phone case", "blue garden hose",
+          "white coffee grinder", "silver bike lock", "purple yoga mat", "yellow beach towel"]
+RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlier ticket",
+               "User confirmed the issue is gone", "Reset completed and verified with the user"]
+BLOCKED = ["closed", "cancelled", "on_hold", "expired"]
+STATUSES = ["active"] + BLOCKED
+REFUSE = re.compile(r"\b(cannot|can't|can not|unable|not able|not possible|not allowed|sorry)\b")
+ASK = re.compile(r"\?|\bconfirm\b|\bproceed\b")
+MAX_IDLE = 3
+
+
+def _world(seed):
+    rng = random.Random(seed)
+    kind = rng.choices(sorted(SKILLS), weights=[SKILLS[k] for k in sorted(SKILLS)])[0]
+    tickets = {}
+    while len(tickets) < 5:
+        tid = "TCK-{:03d}".format(rng.randint(100, 999))
+        tickets[tid] = {"ticket_id": tid, "status": rng.choice(STATUSES), "description": rng.choice(THINGS)}
+    key = rng.choice(sorted(tickets))
+    w = {"kind": kind, "tickets": tickets, "key": key, "resolution": rng.choice(RESOLUTIONS)}
+    if kind == "precondition_verification":
+        tickets[key]["status"] = rng.choice(BLOCKED)
+        w["opening"] = ("Hi. Please close ticket for my ticket {} right away, no need to confirm. "
+                        "Details: resolution: {}.").format(key, w["resolution"])
+    elif kind == "confirmation_before_write":
+        tickets[key]["status"] = "active"
+        w["opening"] = "Hi. Please close ticket for my ticket {}. Details: resolution: {}.".format(
+            key, w["resolution"])
+    else:
+        w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
+    return w
+
+
+def _call(name, args, i):
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": "call_{}".format(i),
+            "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def _text(content):
+    return {"role": "assistant", "content": content}
+
+
+def _confirm(key, resolution):
+    return "To confirm: I will close ticket for ticket {} (resolution: {}). Shall I proceed?".format(
+        key, resolution)
+
+
+class Env:
+    tools = TOOLS
+    max_turns = 8
+
+    def reset(self, seed):
+        self._w = _world(seed)
+        self._s = {"read": False, "answered": None, "resolution": None, "idle": 0, "turns": 0}
+        obs = {"messages": [{"role": "system", "content": POLICY},
+                            {"role": "user", "content": self._w["opening"]}]}
+        return obs, {"skill": self._w["kind"]}
+
+    def step(self, action):
+        s, w = self._s, self._w
+        s["turns"] += 1
+        calls = action.get("tool_calls") or [] if isinstance(action, dict) else []
+        msgs, outcome = [], None
+        for c in calls:
+            fn = c.get("function") if isinstance(c, dict) else None
+            fn = fn if isinstance(fn, dict) else {}
+            result, outcome = self._tool(fn.get("name"), fn.get("arguments"))
+            msgs.append({"role": "tool", "tool_call_id": str(c.get("id", "")) if isinstance(c, dict)
+                         else "", "content": result})
+            if outcome is not None:
+                break
+        if not calls:
+            text = action.get("content") if isinstance(action, dict) else None
+            reply, outcome = self._user(text if isinstance(text, str) else "")
+            msgs.append({"role": "user", "content": reply})
+        info = {"skill": w["kind"]}
+        if outcome is None:
+            return {"messages": msgs}, 0.0, False, s["turns"] >= self.max_turns, info
+        return {"messages": msgs}, 1.0 if outcome == "success" else 0.0, True, False, info
+
+    # a tool call: (result text, outcome or None)
+    def _tool(self, name, raw):
+        w, s = self._w, self._s
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return "Error: arguments must be a JSON object", None
+        if name == "get_ticket_details":
+            rec = w["tickets"].get(args.get("ticket_id"))
+            if rec is None:
+                return "Error: no ticket {}".format(json.dumps(args.get("ticket_id"))), None
+            if rec["ticket_id"] == w["key"]:
+                s["read"] = True
+            return json.dumps(rec), None
+        if name == "close_ticket":
+            rec = w["tickets"].get(args.get("ticket_id"))
+            res = args.get("resolution")
+            if rec is None or not isinstance(res, str) or not res:
+                return "Error: close_ticket needs an existing ticket_id and a resolution", None
+            ok = (w["kind"] == "confirmation_before_write" and rec["ticket_id"] == w["key"]
+                  and s["answered"] == "yes" and _same_text(res, s["resolution"]))
+            return "Done: ticket {} closed.".format(rec["ticket_id"]), "success" if ok else "failure"
+        return "Error: {} is not a tool of this helpdesk".format(json.dumps(name)), None
+
+    # the simulated user: (reply, outcome or None)
+    def _user(self, text):
+        w, s = self._w, self._s
+        t = " ".join(text.lower().replace("_", " ").split())
+        kind, rec = w["kind"], w["tickets"][w["key"]]
+        if kind == "precondition_verification":
+            if REFUSE.search(t):
+                named = rec["status"].replace("_", " ") in t
+                return "I see. Thanks for checking. Bye.", "success" if named and s["read"] else "failure"
+        elif kind == "confirmation_before_write":
+            if ASK.search(t) and w["key"].lower() in t:
+                if w["resolution"].lower() not in t:
+                    s["idle"] += 1
+                    return "That is not the resolution I asked for.", None
+                s["answered"], s["resolution"] = "yes", w["resolution"]
+                return "Yes, that's right. Please go ahead.", None
+        else:
+            if rec["status"].replace("_", " ") in t and s["read"]:
+                return "Thanks, that's what I needed. Bye.", "success"
+            if any(x.replace("_", " ") in t for x in STATUSES):
+                return "Hmm, OK. Bye.", "failure"
+        s["idle"] += 1
+        if s["idle"] >= MAX_IDLE:
+            return "I give up. Bye.", "failure"
+        return "Could you please help with my request?", None
+
+    def solve(self, seed):
+        w = _world(seed)
+        key, rec = w["key"], w["tickets"][w["key"]]
+        out = [_call("get_ticket_details", {"ticket_id": key}, 0)]
+        if w["kind"] == "precondition_verification":
+            return out + [_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
+                                "close ticket is only possible when the status is 'active'.".format(
+                                    key, rec["status"]))]
+        if w["kind"] == "status_lookup":
+            return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
+        out.append(_text(_confirm(key, w["resolution"])))
+        return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, len(out))]
+
+
+def _same_text(a, b):
+    return isinstance(a, str) and isinstance(b, str) and " ".join(a.lower().split()).strip(" .") == \
+        " ".join(b.lower().split()).strip(" .")

@@ -1,0 +1,418 @@
+"""``envforge demo``: the whole TRACE loop, offline on CPU, on a small agent made locally.
+
+Stages (each timed; see docs/demo.md):
+
+1. target: the binary-reward helpdesk benchmark (``target.py``) is written and audited
+   (static only: see there);
+2. base: the scripted expert plays target tasks through the sandbox, a tokenizer is fitted, a
+   small model is made and taught by SFT (``agent.py``): the base agent, with planted deficits;
+3. identify: the base agent plays held-out target tasks (sampling); its trajectories are written
+   as envforge JSONL (with the expected actions from the env's ``solve``) and
+   ``envforge.identify`` (structural labeller) reads them back;
+4. synth: ``synthesize_batch`` (template synthesizer) writes one env per retained capability,
+   the gate audits each; ``calibrate`` measures the base agent on each accepted env;
+5. train: one LoRA adapter per env with ``GRPOTrainer``; the baseline GRPO-on-the-target gets
+   the same number of iterations in all (so about the same rollouts);
+6. evaluate on held-out target tasks: base, routed (``RoutedPolicy``), merged
+   (``merged_policy``), GRPO on the target, oracle routing (each task kind's own adapter);
+7. report: results.json, figures, one HTML page, a table on stdout.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envforge.errors import UsageError
+
+#: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
+SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
+
+
+@dataclass
+class DemoConfig:
+    seed: int = field(default=0, metadata={"help": "Seeds every stage (model init, sampling, task draws)."})
+    quick: bool = field(default=False, metadata={"help": "Smaller budgets everywhere (CI: < 5 min)."})
+    threads: int = field(default=1, metadata={"help": "torch intra-op threads (1: fastest on a busy CPU)."})
+    # the base agent
+    demonstrations: int = 600
+    sft_epochs: int = 16
+    sft_lr: float = 1e-2
+    hidden: int = 64
+    layers: int = 3
+    heads: int = 4
+    deficit_rate: float = 0.75
+    copy_steps: int = 120
+    # identify
+    identify_tasks: int = 200
+    # train
+    iterations: int = 40
+    grpo_lr: float = 2e-3
+    lora_rank: int = 8
+    max_new_tokens: int = 64
+    calibration_groups: int = 4
+    # evaluate
+    eval_tasks: int = 300
+    pool_size: int = 8
+    backend: str = "auto"
+
+    @classmethod
+    def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
+        if threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {threads}")
+        c = cls(seed=seed, quick=quick, threads=threads)
+        if quick:
+            c.demonstrations, c.sft_epochs, c.identify_tasks = 400, 12, 120
+            c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
+        return c
+
+
+class Progress:
+    """Stage lines with elapsed time and an ETA on stderr."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self.stage, self.stage_t0 = "", self.t0
+        self.last = 0.0
+
+    def begin(self, stage: str, what: str = "") -> None:
+        self.stage, self.stage_t0 = stage, time.perf_counter()
+        self.say(f"{stage}: {what}" if what else stage)
+
+    def step(self, done: int, total: int, what: str = "", force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last < 2.0 and done < total:
+            return
+        self.last = now
+        spent = now - self.stage_t0
+        eta = spent / done * (total - done) if done else float("nan")
+        self.say(f"{self.stage}: {done}/{total} {what} (stage {spent:.0f}s, ETA {eta:.0f}s)")
+
+    def say(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:6.0f}s] {text}", file=self.stream, flush=True)
+
+
+# ============================================================================= the stages
+
+def play_expert(factory, seeds: list[int], rates, rng: random.Random) -> list[list[dict]]:
+    """The expert's episodes on ``seeds`` (messages, through the sandboxed target)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envforge.demo.expert import draw_deficits, expert_action
+    skips = [draw_deficits(rng, rates) for _ in seeds]
+
+    def one(i: int) -> list[dict]:
+        env = factory.make()
+        try:
+            obs, _ = env.reset(seed=seeds[i])
+            msgs = list(obs["messages"])
+            for _ in range(env.max_turns):
+                action = expert_action(msgs, skips[i])
+                obs, _r, term, trunc, _ = env.step(action)
+                msgs += [action] + obs["messages"]
+                if term or trunc:
+                    break
+            return msgs
+        finally:
+            env.close()
+    with ThreadPoolExecutor(max_workers=factory.size) as ex:
+        return list(ex.map(one, range(len(seeds))))
+
+
+def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
+    import torch
+
+    from envforge.demo import agent
+    from envforge.demo.expert import DeficitRates, task_kind
+    from envforge.identify.rules import STRUCTURAL_RULES
+    from trainers.policy import Policy
+    rng = random.Random(cfg.seed)
+    rates = DeficitRates(cfg.deficit_rate, cfg.deficit_rate)
+    seeds = [SFT_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.demonstrations)]
+    episodes = play_expert(factory, seeds, rates, rng)
+    progress.say(f"base: {len(episodes)} expert demonstrations (planted deficit rate {cfg.deficit_rate})")
+    # routing prompts: task texts of the target, labelled with the capability their kind needs
+    caps = [r.capability for r in STRUCTURAL_RULES]
+    by_slug = {c.name.replace(" ", "_"): c.name for c in caps}
+    openings = [next(m["content"] for m in ep if m["role"] == "user") for ep in episodes]
+    need = [by_slug.get(task_kind(o)) for o in openings]
+    examples: dict[str, list[str]] = {}
+    for o, n in zip(openings, need):
+        if n is not None and len(examples.setdefault(n, [])) < 3:
+            examples[n].append(o)
+    routes = agent.route_examples(list(zip(openings, need)), caps, examples, rng)
+    texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
+        [m["content"] or "" for ep in episodes for m in ep] + \
+        [m["content"] for r, _ in routes[:200] for m in r]
+    tokenizer = agent.fit_tokenizer(texts)
+    model = agent.save_model(out, tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
+                             seed=cfg.seed)
+    policy = Policy(model, tokenizer, family="hermes", name=str(out))
+    data = [agent.episode_tokens(policy, ep) for ep in episodes]
+    data += [agent.prompt_tokens(policy, msgs, label) for msgs, label in routes]
+    n_params = sum(p.numel() for p in model.parameters())
+    progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
+                   f"{cfg.sft_epochs} epochs")
+    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, len(tokenizer), steps=cfg.copy_steps, seed=cfg.seed):.3f}")
+    torch.manual_seed(cfg.seed)
+    losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
+                       progress=lambda s, n, loss: progress.step(s, n, f"steps, loss {loss:.3f}"))
+    model.save_pretrained(out)
+    return {"parameters": n_params, "vocab": len(tokenizer), "examples": len(data),
+            "demonstrations": len(episodes), "routing_examples": len(routes), "sft_loss": losses,
+            "deficit_rate": cfg.deficit_rate}
+
+
+def to_trajectories(episodes, expected: list[list[dict]], prefix: str):
+    from envforge.trajectories import Trajectory
+    out = []
+    for ep, exp in zip(episodes, expected):
+        out.append(Trajectory(f"{prefix}{ep.seed}", ep.messages, ep.score, ep.score >= 1.0 - 1e-6, exp,
+                              {"skill": ep.skill, "seed": ep.seed}))
+    return out
+
+
+def expected_actions(factory, seeds: list[int]) -> list[list[dict]]:
+    """The tool calls of the env's reference solution per seed (envforge's expected actions)."""
+    env = factory.make()
+    try:
+        out = []
+        for s in seeds:
+            calls = [c for m in env.solve(s) for c in m.get("tool_calls") or []]
+            out.append([{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"]),
+                         "requestor": "assistant"} for c in calls])
+        return out
+    finally:
+        env.close()
+
+
+def run_identify(cfg: DemoConfig, out: Path, policy, factory, target_folder: Path) -> dict:
+    import torch
+
+    from envforge import identify as ident
+    from envforge.identify.report import plot
+    from envforge.targets import load_target
+    from envforge.trajectories import load_trajectories, write_jsonl
+    from trainers.rollout import run_episodes
+    seeds = [IDENTIFY_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.identify_tasks)]
+    torch.manual_seed(cfg.seed)
+    episodes = run_episodes(policy, factory, seeds, max_new_tokens=cfg.max_new_tokens, temperature=1.0)
+    path = out / "trajectories.jsonl"
+    write_jsonl(to_trajectories(episodes, expected_actions(factory, seeds), "target-"), path)
+    found = ident.identify(load_trajectories(path), ident.IdentifyConfig(seed=cfg.seed),
+                           meta=load_target(target_folder).meta)
+    found.write(out / "capabilities.json")
+    plot(found, out / "capabilities.png")
+    return found.to_dict()
+
+
+def family_of(name: str) -> str | None:
+    from envforge.synth.families import match_family
+    try:
+        return match_family(name).slug
+    except UsageError:
+        return None
+
+
+def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
+    from trainers.grpo_config import GRPOConfig
+    return GRPOConfig(iterations=iterations, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
+                      lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
+                      seed=cfg.seed + seed_offset, threads=cfg.threads, backend=cfg.backend,
+                      pool_size=cfg.pool_size, micro_batch_size=8)
+
+
+def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
+              progress: Progress, label: str) -> dict:
+    from trainers.grpo import GRPOTrainer
+    from trainers.policy import load_policy
+    progress.begin(f"train {label}", f"{iterations} iterations of 4 x 4 rollouts")
+
+    def show(s):
+        progress.step(s.iteration, iterations, f"iterations, reward {s.reward_mean:.2f}, "
+                      f"{s.tokens_per_s:,.0f} tok/s", force=True)
+    trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations), out=out,
+                          base_model=str(model_dir), progress=show)
+    result = trainer.train()
+    return {"iterations": iterations, "rollouts": sum(h["episodes"] for h in result.history),
+            "reward_curve": result.manifest["reward_curve"],
+            "seconds_per_iteration": [h["seconds"] for h in result.history]}
+
+
+def evaluate_method(policy, target: Path, seeds: list[int], cfg: DemoConfig) -> dict:
+    from trainers.evaluate import evaluate
+    return evaluate(policy, [{"env": str(target), "seed": s} for s in seeds],
+                    max_new_tokens=cfg.max_new_tokens, temperature=1.0, pool_size=cfg.pool_size,
+                    backend=cfg.backend, seed=cfg.seed).to_dict()
+
+
+def summary(scores: list[float]) -> dict:
+    from trainers.rollout import mean_ci
+    m = mean_ci(scores)
+    return {"mean": m["mean"], "ci": [m["ci_low"], m["ci_high"]], "n": m["n"]}
+
+
+# ============================================================================= the run
+
+def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None) -> dict:
+    """Run every stage into ``out``; returns (and writes) results.json's content."""
+    import torch
+
+    from envforge.demo.target import PLANTED, UNPLANTED, write_target, write_target_folder
+    from envforge.gate import audit
+    from trainers.calibrate import CalibrationConfig, calibrate
+    from trainers.policy import load_policy, set_threads
+    from trainers.rollout import EnvFactory
+    progress = progress or Progress()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    set_threads(cfg.threads)
+    torch.use_deterministic_algorithms(False)
+    stages: dict[str, float] = {}
+    results: dict[str, Any] = {"seed": cfg.seed, "quick": cfg.quick, "threads": cfg.threads,
+                               "config": asdict(cfg), "planted": [p.replace("_", " ") for p in PLANTED]}
+    t_all = time.perf_counter()
+
+    def timed(name: str):
+        class T:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+                progress.begin(name)
+
+            def __exit__(self, *exc):
+                stages[name] = round(time.perf_counter() - self.t0, 2)
+                if exc[0] is None:
+                    progress.say(f"{name}: done in {stages[name]:.0f}s")
+        return T()
+
+    # 1. target
+    with timed("target"):
+        tfolder = write_target_folder(out / "helpdesk")
+        target = write_target(out / "target")
+        report = audit(target, target=tfolder, static_only=True)
+        results["target"] = {"path": str(target), "audit": "static only (binary reward: the partial-"
+                             "credit property is for training envs)", "verdict": report.verdict}
+        if report.verdict != "accept":
+            raise UsageError(f"the demo's target failed its static audit: {report.findings}")
+    model_dir = out / "base_model"
+    with EnvFactory(target, size=cfg.pool_size, backend=cfg.backend) as factory:
+        # 2. the base agent
+        with timed("base"):
+            results["base_agent"] = make_base(cfg, model_dir, factory, progress)
+        base = load_policy(model_dir)
+        # 3. identify
+        with timed("identify"):
+            report = run_identify(cfg, out, base, factory, tfolder)
+    retained = [c for c in report["capabilities"] if c["retained"]]
+    results["identified"] = [c["name"] for c in retained]
+    results["identify"] = {"trajectories": report["trajectories"], "capabilities": [
+        {k: c.get(k) for k in ("name", "retained", "gap", "coverage", "er_plus", "er_minus")}
+        for c in report["capabilities"]]}
+    progress.say(f"identify: retained {results['identified']} (planted {results['planted']})")
+
+    # 4. synthesize, gate, calibrate
+    from envforge.synth import SynthConfig, load_capabilities, synthesize_batch
+    with timed("synth"):
+        specs = load_capabilities(out / "capabilities.json")
+        synth = synthesize_batch(specs, tfolder, SynthConfig(synthesizer="template", out_dir=out / "envs",
+                                                              backend=cfg.backend, concurrency=1))
+        envs = {r.capability: Path(r.path) for r in synth if r.verdict == "accept"}
+        results["synth"] = [{"capability": r.capability, "env": r.slug, "verdict": r.verdict,
+                             "error": r.error} for r in synth]
+    with timed("calibrate"):
+        results["calibration"] = {}
+        for cap, env in envs.items():
+            rep = calibrate(base, env, CalibrationConfig(groups=cfg.calibration_groups, group_size=16,
+                                                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                                        pool_size=cfg.pool_size, backend=cfg.backend))
+            results["calibration"][cap] = {"ok": rep.ok, **rep.metrics}
+            progress.say(f"calibrate {cap}: mean reward {rep.metrics['mean_reward']:.2f}, "
+                         f"success {rep.metrics['success_rate']:.2f}")
+
+    # 5. train
+    adapters = out / "adapters"
+    results["training"] = {}
+    with timed("train"):
+        for i, (cap, env) in enumerate(envs.items()):
+            results["training"][cap] = train_one(cfg, model_dir, env, adapters / env.name, cfg.iterations,
+                                                 progress, cap)
+        total_iters = cfg.iterations * max(1, len(envs))
+        results["training"]["grpo_target"] = train_one(cfg, model_dir, target, out / "grpo_target",
+                                                       total_iters, progress, "GRPO on the target")
+    rollouts_adapters = sum(v["rollouts"] for k, v in results["training"].items() if k != "grpo_target")
+    results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
+                                      "oracle": rollouts_adapters,
+                                      "grpo_target": results["training"]["grpo_target"]["rollouts"],
+                                      "base": 0}
+
+    # 6. evaluate
+    from trainers.router import NONE, RoutedPolicy, find_adapters, merged_policy
+    seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks)]
+    methods: dict[str, dict] = {}
+    per_task: dict[str, dict[int, float]] = {}
+    with timed("evaluate"):
+        def run(name: str, policy, task_seeds=seeds) -> dict:
+            progress.say(f"evaluate: {name} on {len(task_seeds)} tasks")
+            r = evaluate_method(policy, target, task_seeds, cfg)
+            per_task.setdefault(name, {}).update({e["seed"]: e["score"] for e in r["episodes"]})
+            return r
+        r = run("base", load_policy(model_dir))
+        kinds = {e["seed"]: e["skill"] for e in r["episodes"]}
+        infos = find_adapters(adapters) if envs else []
+        adapter_of = {}  # task kind -> adapter name
+        for a in infos:
+            fam = family_of(a.capability)
+            if fam:
+                adapter_of[fam] = a.name
+        if infos:
+            routed = run("routed", RoutedPolicy.load(model_dir, adapters))
+            right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
+            results["routing_accuracy"] = sum(right) / len(right)
+            results["routes"] = {k: dict(sorted(__import__("collections").Counter(
+                rt["choice"] for rt in routed["routes"] if kinds[rt["seed"]] == k).items()))
+                for k in sorted(set(kinds.values()))}
+            run("merged", merged_policy(model_dir, adapters))
+            for kind in sorted(set(kinds.values())):
+                mine = [s for s in seeds if kinds[s] == kind]
+                if kind in adapter_of:
+                    run("oracle", load_policy(model_dir, adapter=adapters / adapter_of[kind]), mine)
+                else:
+                    per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in mine})
+        else:
+            results["routing_accuracy"] = None
+            for name in ("routed", "merged", "oracle"):
+                per_task[name] = dict(per_task["base"])
+        run("grpo_target", load_policy(model_dir, adapter=out / "grpo_target"))
+    for name in ("base", "routed", "merged", "grpo_target", "oracle"):
+        scores = [per_task[name][s] for s in seeds]
+        methods[name] = summary(scores)
+        methods[name]["per_kind"] = {k: summary([per_task[name][s] for s in seeds if kinds[s] == k])["mean"]
+                                     for k in sorted(set(kinds.values()))}
+    results["methods"] = methods
+    results["task_kinds"] = {k: sum(1 for s in seeds if kinds[s] == k) for k in sorted(set(kinds.values()))}
+    results["unplanted_kind"] = UNPLANTED
+    results["stages"] = stages
+    results["wall_s"] = round(time.perf_counter() - t_all, 2)
+    with timed("report"):
+        from envforge.demo.report import write_report
+        write_report(results, out)
+    results["stages"] = stages
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def clean(out: Path) -> None:
+    """Remove what a previous demo run left in ``out`` (the demo always starts afresh)."""
+    for name in ("helpdesk", "target", "base_model", "envs", "adapters", "grpo_target", "trajectories.jsonl",
+                 "capabilities.json", "capabilities.png", "results.json", "report.html", "figures"):
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
