@@ -32,6 +32,8 @@ from envforge.errors import UsageError
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
+#: example tasks per adapter in the router's prompt (its SFT examples show as many)
+ROUTER_EXAMPLES = 1
 
 
 @dataclass
@@ -42,12 +44,13 @@ class DemoConfig:
     # the base agent
     demonstrations: int = 600
     sft_epochs: int = 16
-    sft_lr: float = 1e-2
-    hidden: int = 64
-    layers: int = 3
+    sft_lr: float = 3e-3
+    hidden: int = 128
+    layers: int = 2
     heads: int = 4
     deficit_rate: float = 0.75
-    copy_steps: int = 120
+    copy_steps: int = 350
+    routing_examples: int = 200
     # identify
     identify_tasks: int = 200
     # train
@@ -67,7 +70,7 @@ class DemoConfig:
             raise UsageError(f"--threads must be at least 1, got {threads}")
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks = 400, 12, 120
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 300, 6, 120, 150
             c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
         return c
 
@@ -146,7 +149,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     for o, n in zip(openings, need):
         if n is not None and len(examples.setdefault(n, [])) < 3:
             examples[n].append(o)
-    routes = agent.route_examples(list(zip(openings, need)), caps, examples, rng)
+    routes = agent.route_examples(list(zip(openings, need))[:cfg.routing_examples], caps, examples, rng)
     texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
         [m["content"] or "" for ep in episodes for m in ep] + \
         [m["content"] for r, _ in routes[:200] for m in r]
@@ -159,7 +162,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
-    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, len(tokenizer), steps=cfg.copy_steps, seed=cfg.seed):.3f}")
+    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed):.3f}")
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
                        progress=lambda s, n, loss: progress.step(s, n, f"steps, loss {loss:.3f}"))
@@ -273,7 +276,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     set_threads(cfg.threads)
-    torch.use_deterministic_algorithms(False)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     stages: dict[str, float] = {}
     results: dict[str, Any] = {"seed": cfg.seed, "quick": cfg.quick, "threads": cfg.threads,
                                "config": asdict(cfg), "planted": [p.replace("_", " ") for p in PLANTED]}
@@ -371,7 +375,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             if fam:
                 adapter_of[fam] = a.name
         if infos:
-            routed = run("routed", RoutedPolicy.load(model_dir, adapters))
+            routed = run("routed", RoutedPolicy.load(model_dir, adapters, examples=ROUTER_EXAMPLES))
             right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
             results["routing_accuracy"] = sum(right) / len(right)
             results["routes"] = {k: dict(sorted(__import__("collections").Counter(
