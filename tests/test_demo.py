@@ -90,7 +90,9 @@ def test_report_page_in_headless_chromium(demo_run):
             for name, m in r["methods"].items():
                 cells = page.locator(f'#methods tr[data-method="{name}"] td').all_inner_texts()
                 assert cells[1] == f"{m['mean']:.3f}", (name, cells)
-            assert page.inner_text("#identified") == ", ".join(r["identified"])
-            assert page.inner_text("#routing") == f"{r['routing_accuracy']:.3f}"
+            assert page.inner_text("#identified") == (", ".join(r["identified"]) or "none")
+            ra = r["routing_accuracy"]
+            assert page.inner_text("#routing") == ("-" if ra is None else f"{ra:.3f}")
+            assert page.inner_text("#wall") == f"{r['wall_s']:.0f}"
         finally:
             browser.close()
