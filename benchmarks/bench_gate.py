@@ -1,9 +1,11 @@
 """Gate benchmark: seconds to audit one env, static only and full, over the fixture envs.
 
-    python benchmarks/bench_gate.py [--seeds 50] [--repeat 5] [--out benchmarks/results/gate.json]
+    python benchmarks/bench_gate.py [--seeds 50] [--repeat 5] [--probe-seed N] [--out benchmarks/results/gate.json]
 
 Goals (issue 2): static audit under 50 ms per env; full gate under 10 s per env on 2 cores with
-at least 50 seeds per property. Prints a table and writes JSON.
+at least 50 seeds per property (issue 15: still, with the drawn probes, the many-resets probe and
+the capability probes). Prints a table and writes JSON, with the machine's load average before
+and after (the machine is shared: a load above its core count makes every figure slower).
 """
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=5, help="static-audit repetitions per env (median taken)")
+    ap.add_argument("--probe-seed", type=int, default=1, help="the gate's probe seed (fixed, so runs compare)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gate.json"))
     args = ap.parse_args()
     rows = []
+    load_before = os.getloadavg()
     for name, path, target in envs():
         source = (path / "env.py").read_bytes()
         times = []
@@ -50,7 +54,8 @@ def main() -> None:
             audit_static(source)
             times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        report = audit(path, target=target, settings=GateSettings(seeds=args.seeds), write_report=False)
+        report = audit(path, target=target, settings=GateSettings(seeds=args.seeds, probe_seed=args.probe_seed),
+                       write_report=False)
         full = time.perf_counter() - t0
         rows.append({"env": name, "kb": round(len(source) / 1024, 1), "static_s": statistics.median(times),
                      "full_s": full, "verdict": report.verdict,
@@ -62,6 +67,8 @@ def main() -> None:
     summary = {"envs": len(rows), "seeds": args.seeds,
                "static_ms": {"median": statistics.median(static) * 1000, "max": max(static) * 1000, "goal": 50},
                "full_s": {"median": statistics.median(full), "max": max(full), "goal": 10},
+               "probe_seed": args.probe_seed,
+               "load_average": {"before": load_before, "after": os.getloadavg()},
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
     print()
     print(f"{'':14s}{'median':>10s}{'max':>10s}{'goal':>10s}")

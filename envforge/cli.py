@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,17 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, InputError, UsageError
+from envforge.errors import ConfigError, EnvforgeError, InputError, SandboxUnavailable, UsageError
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
+from envforge.identify import report as identify_report
+from envforge.progress import Step
 from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
-from sandbox.docker import build_image
+from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -183,10 +186,9 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     tgt = _target(target) if target else None
     reports = []
     for p in paths:
-        with _status(f"auditing {p}", quiet=as_json) as status:
+        with Display(f"auditing {p}", quiet=as_json) as display:
             reports.append(run_audit(p, target=tgt, static_only=static_only, backend=backend,
-                                     settings=gate, write_report=not no_report,
-                                     progress=lambda s, p=p: status(f"auditing {p}: {s}")))
+                                     settings=gate, write_report=not no_report, progress=display))
         if not as_json:
             _print_report(reports[-1])
     if as_json:
@@ -194,27 +196,49 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     sys.exit(0 if all(r.accepted for r in reports) else 1)
 
 
-class _status:
-    """A rich spinner on stderr (nothing when quiet or not a terminal); call it to update."""
+class Display:
+    """Shows a stage's progress steps (``envforge.progress``) on stderr: a spinner with the
+    latest line per item, and a bar when steps count finished items. Nothing when quiet or when
+    stderr is not a terminal. Thread-safe: batch stages report from several threads."""
 
-    def __init__(self, text: str, quiet: bool = False):
-        self.text, self.live = text, None
+    def __init__(self, title: str, quiet: bool = False):
+        self.bar, self.lock, self.lines = None, threading.Lock(), {}
         if not quiet and sys.stderr.isatty():
             from rich.console import Console
-            self.live = Console(stderr=True).status(text)
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                       TextColumn, TimeElapsedColumn)
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.main = self.bar.add_task(title, total=None)
 
-    def __enter__(self):
-        if self.live:
-            self.live.__enter__()
+    def __enter__(self) -> "Display":
+        if self.bar:
+            self.bar.start()
         return self
 
-    def __call__(self, text: str) -> None:
-        if self.live:
-            self.live.update(text)
+    def __call__(self, step: Step) -> None:
+        if not self.bar:
+            return
+        with self.lock:
+            if step.item is None:
+                self.bar.update(self.main, description=step.text)
+            elif step.done is not None:  # an item finished
+                self.bar.update(self.main, completed=step.done, total=step.total)
+                line = self.lines.pop(step.item, None)
+                if line is not None:
+                    self.bar.remove_task(line)
+            else:
+                if step.item not in self.lines:
+                    self.lines[step.item] = self.bar.add_task("", total=None)
+                self.bar.update(self.lines[step.item], description=f"  {step}")
 
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.__exit__(*exc)
+    def say(self, text: str) -> None:
+        self(Step(text))
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
 
 
 def _print_report(report) -> None:
@@ -257,8 +281,8 @@ def sandbox_group() -> None:
               "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
 def sandbox_build(base):
     """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
-    with _status("building the sandbox image") as status:
-        tag = build_image(base=base, progress=status)
+    with Display("building the sandbox image") as display:
+        tag = build_image(base=base, progress=display.say)
     click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
 
 
@@ -275,10 +299,10 @@ def sandbox_doctor(as_json, clean):
     """
     from rich.table import Table
 
+    strays = _clean_strays() if clean else None  # first: a Docker probe would reap them unseen
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
                                                                  "process/channel")]
-    strays = _clean_strays() if clean else None
     if as_json:
         emit_json({"backends": rows, **({"strays": strays} if clean else {})})
     else:
@@ -305,8 +329,6 @@ def sandbox_doctor(as_json, clean):
 def _clean_strays() -> list[dict]:
     """Remove the Docker engine's stray sandbox containers; what was found (none without an
     engine: said on stderr)."""
-    from envforge.errors import SandboxUnavailable
-    from sandbox.docker import DockerBackend
     try:
         return DockerBackend().clean()
     except SandboxUnavailable as e:
@@ -321,21 +343,17 @@ def _clean_strays() -> list[dict]:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["auto", "tau2", "tau-bench", "jsonl"]),
               default="auto", show_default=True, help="Trajectory file format (auto: by content).")
-@click.option("--labeler", type=click.Choice(["structural", "llm", "hybrid"]), default="structural",
-              show_default=True, help="structural: offline rules; llm: an OpenAI-compatible model "
-              "discovers and labels; hybrid: the rules' labels and evidence, confirmed by the model.")
-@click.option("--target", "-t", help="Target folder (its tool metadata says which tools write). "
-              "Default: read/write from tool names.")
-@click.option("--runs", type=int, help="N runs (default 10, the paper's official code).")
-@click.option("--min-runs", type=int, help="K: runs a capability must be kept in "
-              "(default 80% of --runs rounded up: 8 of 10, 1 of 1).")
-@click.option("--delta", type=float, help="Minimum gap ER- - ER+ (default 0.20, the paper).")
-@click.option("--rho", type=float, help="Minimum coverage (default 0.10, the paper).")
-@click.option("--min-group", type=int, help="Fewer successes or failures than this: retain "
-              "nothing and warn (default 5).")
-@click.option("--success-threshold", type=float, default=1.0, show_default=True,
-              help="A trajectory succeeds when its reward is at least this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the runs' resampling.")
+@option(ident.IdentifyConfig, "labeller", "--labeler")
+@click.option("--target", "-t", help="Target folder: its tool metadata says which tools write, its "
+              "policy what the rules may check (confirmation, time windows). Default: read/write "
+              "from tool names, the policy the trajectories record.")
+@option(ident.IdentifyConfig, "runs")
+@option(ident.IdentifyConfig, "min_runs")
+@option(ident.IdentifyConfig, "delta")
+@option(ident.IdentifyConfig, "rho")
+@option(ident.IdentifyConfig, "min_group")
+@option(ident.IdentifyConfig, "success_threshold")
+@option(ident.IdentifyConfig, "seed")
 @click.option("--out", "-o", default="capabilities.json", show_default=True,
               help="Where to write the result (what 'envforge synth --from' reads).")
 @click.option("--labels-out", help="Also write one JSON line per trajectory: its labels and the "
@@ -343,15 +361,12 @@ def _clean_strays() -> list[dict]:
 @click.option("--plot", "plot_path", help="PNG of gap against coverage (default: --out with .png).")
 @click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
 @json_option
-@click.option("--model", help="LLM and hybrid labellers: the model the endpoint serves "
-              "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
-@click.option("--concurrency", type=int, help="LLM labeller: calls in flight (default 8).")
-@click.option("--rate-limit", type=float, help="LLM labeller: at most this many requests per second.")
-@click.option("--cache-dir", help="LLM labeller: cache folder (default ~/.cache/envforge/llm).")
-@click.option("--no-cache", is_flag=True, help="LLM labeller: neither read nor write the cache.")
-def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group, success_threshold,
-             seed, out, labels_out, plot_path, no_plot, as_json, model, concurrency, rate_limit,
-             cache_dir, no_cache):
+@option(ident.IdentifyConfig, "model")
+@option(ident.IdentifyConfig, "concurrency")
+@option(ident.IdentifyConfig, "rate_limit")
+@option(ident.IdentifyConfig, "cache_dir")
+@option(ident.IdentifyConfig, "cache", "--cache/--no-cache")
+def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, **kwargs):
     """Find the capabilities an agent lacks by contrasting its successes and failures.
 
     PATHS are tau2-bench Results files or directories, tau-bench v1 result lists, envforge JSONL
@@ -359,16 +374,12 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
     """
     from envforge.identify import report
 
-    given = {"runs": runs, "min_runs": min_runs, "delta": delta, "rho": rho, "min_group": min_group,
-             "concurrency": concurrency, "rate_limit": rate_limit, "cache_dir": cache_dir}
-    config = ident.IdentifyConfig(
-        labeller=labeler, success_threshold=success_threshold, seed=seed, model=model,
-        cache=not no_cache, progress=not as_json and sys.stderr.isatty(),
-        **{k: v for k, v in given.items() if v is not None})
-    if labeler != "structural" and not model:
-        raise click.UsageError(f"--labeler {labeler} needs --model (the model your endpoint serves)")
+    config = settings(ident.IdentifyConfig, kwargs, progress=not as_json and sys.stderr.isatty())
+    if config.labeller != "structural" and not config.model:
+        raise click.UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
+                               "serves)")
     tgt = _target(target) if target else None
-    trajectories = load_trajectories(paths, format=fmt, success_threshold=success_threshold)
+    trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
     result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
                             policy=tgt.policy if tgt else None)
     result.write(out)
@@ -378,7 +389,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = identify_report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -386,7 +397,7 @@ def identify(paths, fmt, labeler, target, runs, min_runs, delta, rho, min_group,
         emit_json(result.to_dict())
         return
     con = console()
-    con.print(report.table(result))
+    con.print(identify_report.table(result))
     con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
               + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
               highlight=False)
@@ -472,12 +483,11 @@ def synth(more_trajectories, capability, description, from_file, include_all, tr
         if config.synthesizer == "auto":
             click.echo(f"synthesizer: {kind}" + (f" ({config.model})" if kind == "openai" else
                        " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
-    if capability:
-        with _status(f"synthesizing {capability!r}", quiet=as_json) as status:
-            results = [S.synthesize(specs[0], tgt, config, progress=lambda s: status(f"{capability}: {s}"),
-                                    label=label)]
-    else:
-        results = S.synthesize_batch(specs, tgt, config, progress=not as_json and sys.stderr.isatty())
+    with Display("synthesizing", quiet=as_json) as display:
+        if capability:
+            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label)]
+        else:
+            results = S.synthesize_batch(specs, tgt, config, progress=display)
     if as_json:
         emit_json(results[0].to_dict() if capability else [r.to_dict() for r in results])
     else:

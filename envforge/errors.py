@@ -60,8 +60,9 @@ class SandboxProtocolError(SandboxError):
     """The sandbox answered something that is not the protocol (too large, not JSON, wrong id)."""
 
 
-class EnvCallError(SandboxError):
-    """The env's own code raised (or broke the contract) inside the sandbox. The sandbox lives on.
+class EnvCallError(EnvforgeError):
+    """The env's own code raised (or broke the contract) inside the sandbox. The sandbox lives on,
+    so this is not a ``SandboxError``: the two boundaries are caught apart, in any order.
 
     ``kind`` is "env" (an exception in env code), "json" (a value that is not JSON) or "contract"
     (wrong arity of a returned tuple, missing attribute); ``type`` is the exception class name.

@@ -51,7 +51,10 @@ import gymnasium
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Limits, assistant,
                                message_problem, tool_call)
 from envforge.errors import ActionError, EnvCallError, InputError, SandboxError, UsageError
+from envforge.gate import resolve_env
+from envforge.gate.static import audit_static
 from sandbox.base import Backend, get_backend
+from sandbox.pool import SandboxPool
 
 NAMESPACE = "envforge"
 _SLUG = re.compile(r"^[\w.]+$")
@@ -133,7 +136,6 @@ def env_roots() -> list[Path]:
 
 def resolve(path_or_slug: str | Path) -> Path:
     """The env.py of an env folder, an env.py file, or a slug in ``env_roots()``."""
-    from envforge.gate import resolve_env
     p = Path(path_or_slug)
     if p.exists():
         return resolve_env(p)
@@ -155,7 +157,6 @@ def _verdict(folder: Path) -> str | None:
 def gate_check(env_file: Path) -> str:
     """The source of ``env_file`` if make() may run it (see the module docstring), else
     ``InputError`` saying why and what to do."""
-    from envforge.gate.static import audit_static
     raw = env_file.read_bytes()
     if _verdict(env_file.parent) == "reject":
         report = json.loads((env_file.parent / "report.json").read_text(encoding="utf-8"))
@@ -332,7 +333,6 @@ def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = 
               **limits: Any):
     """A ``SandboxPool`` of ``size`` warm sandboxes running the env, after the same checks as
     ``make``; pass it to ``make(..., pool=pool)`` or lease from it directly."""
-    from sandbox.pool import SandboxPool
     env_file = resolve(path_or_slug)
     source = _read(env_file) if unsafe_skip_gate else gate_check(env_file)
     return SandboxPool(source, size=size, backend=backend, limits=_limits(limits),

@@ -257,6 +257,7 @@ def _tau2(path: Path, data: Any, threshold: float) -> list[Trajectory]:
             tasks[str(t["id"])] = t
     env_info = (data.get("info") or {}).get("environment_info") if isinstance(data.get("info"), dict) else None
     domain = env_info.get("domain_name") if isinstance(env_info, dict) else None
+    policy = env_info.get("policy") if isinstance(env_info, dict) else None
     out = []
     for i, sim in enumerate(data["simulations"]):
         where = f"simulation {i}"
@@ -275,6 +276,8 @@ def _tau2(path: Path, data: Any, threshold: float) -> list[Trajectory]:
                 "simulation_id": sim.get("id"), "termination_reason": sim.get("termination_reason")}
         if domain:
             meta["domain"] = domain
+        if isinstance(policy, str) and policy.strip():
+            meta["policy"] = policy  # the policy the agent was given (tau2 keeps it out of the messages)
         initial = (tasks.get(task_id) or {}).get("initial_state")
         history = initial.get("message_history") if isinstance(initial, dict) else None
         if isinstance(history, list) and history:  # the task began with these turns: not the agent's

@@ -39,6 +39,10 @@ from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, Sandbox
 
 
 SPIN_S = 200e-6
+IDLE_CHECK_S = 0.5            # a call after this long without one checks the sandbox's idle CPU
+IDLE_CPU_S = 0.1              # CPU seconds a sandbox may use while idle, beyond
+IDLE_CPU_PER_CALL_S = 0.001   # this much per call answered (the runner spins SPIN_S per wait)
+REMARK_S = 0.01               # after a call this long, the idle check marks the clock afresh
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy: set = set()         # the sandboxes of this process with a call waiting for a reply
 _SPIN_MAX = max(1, (os.cpu_count() or 1) // 2)  # calls in flight that may spin: half the cores
@@ -160,6 +164,11 @@ class Transport(ABC):
         """Why the runner is gone (exit status, signal, stderr tail), for error messages."""
         return ""
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the sandbox's processes have used so far, read from outside them; None
+        when this transport cannot tell."""
+        return None
+
 
 class Sandbox:
     """One live sandbox holding (at most) one loaded env module and its instances."""
@@ -169,6 +178,29 @@ class Sandbox:
         self._next_id = 0
         self.meta: dict | None = None
         self.closed = False
+        # the host's own idle-CPU check (see _check_idle): at the last check, the sandbox's CPU
+        # seconds; since then, the calls answered, the wall time they took, and the last reply
+        self._cpu_mark: float | None = None
+        self._calls, self._busy, self._replied = 0, 0.0, -math.inf
+
+    def _check_idle(self, check: bool = True) -> None:
+        """After IDLE_CHECK_S or more without a call, from outside the sandbox (where env code
+        cannot reach, unlike the runner's own check): the CPU its processes used since the last
+        mark, less the wall time of the calls in between (the most they could use) and
+        IDLE_CPU_PER_CALL_S per call (the runner's waiting), was used while idle; over
+        IDLE_CPU_S kills the sandbox (SandboxCrashed). Then marks the clock afresh, as it does
+        (without checking) after a call of REMARK_S or more, whose wall time would otherwise
+        leave slack. Transports that cannot tell (cpu_seconds() is None) are not checked here."""
+        reader = getattr(self.transport, "cpu_seconds", None)  # (a duck-typed transport: none)
+        used = reader() if reader else None
+        if used is None:
+            return
+        if check and self._cpu_mark is not None:
+            idle = used - self._cpu_mark - self._busy - IDLE_CPU_PER_CALL_S * self._calls
+            if idle > IDLE_CPU_S:
+                raise SandboxCrashed(f"the sandbox used {idle:.2f} CPU seconds between calls "
+                                     "(env code running while no call was in flight)")
+        self._cpu_mark, self._calls, self._busy = used, 0, 0.0
 
     # ---------------------------------------------------------------- protocol
     def call(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
@@ -181,12 +213,19 @@ class Sandbox:
         except (TypeError, ValueError) as e:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
-        deadline, late = time.monotonic() + timeout, "read its request"
+        started = time.monotonic()
+        deadline, late = started + timeout, "read its request"
         _busy.add(self)  # one call at a time per sandbox; set.add is atomic
         try:
+            if started - self._replied >= IDLE_CHECK_S:  # reading the CPU clock costs: rarely
+                self._check_idle()
             self.transport.send(line.encode(), deadline)
             late = "answer"
             raw = self.transport.recv_line(deadline - time.monotonic(), self.limits.max_message_bytes)
+            self._replied = time.monotonic()
+            self._calls, self._busy = self._calls + 1, self._busy + self._replied - started
+            if self._replied - started >= REMARK_S:  # a slow call: reading the clock is cheap
+                self._check_idle(check=False)
         except SandboxTimeout:
             self.kill()
             raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "

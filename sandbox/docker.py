@@ -11,32 +11,42 @@ runner is never run from a stale image). Every container gets:
   no swap (the OOM killer is the backstop); pids: at most 64 in the cgroup, and RLIMIT_NPROC 0
   (set by the runner as uid 10001: no process or thread at all); CPU: a quota of ``cpus`` cores
   and RLIMIT_CPU of ``Limits.cpu_s`` seconds; open files and a 1 MiB file size cap;
-- a non-root user (uid 10001), every capability dropped, no-new-privileges, Docker's default
-  seccomp profile (and the ``runtime`` you name, such as gVisor's ``runsc``);
+- a non-root user (uid 10001), every capability dropped, no-new-privileges, a seccomp profile
+  of our own (``seccomp_profile``: io_uring, ptrace, user namespaces, TIOCSTI, F_SETOWN/O_ASYNC,
+  ... denied), and the ``runtime`` you name, such as gVisor's ``runsc``; an IPC namespace of its
+  own with no /dev/shm;
+- a watcher as its first process (``watch`` in runner.py), out of the env's reach: it kills the
+  runner when the host hangs up, and drains the runner's stderr inside the container's CPU cap
+  (so output cannot make dockerd burn CPU outside it);
 - no log driver (output cannot fill the host's disk); the labels ``envforge.sandbox=1``,
-  ``envforge.owner=<host>:<pid>`` and any given, so leftovers can be found and removed.
+  ``envforge.owner`` (``owner()``: hostname, boot id, pid namespace, pid and start time) and any
+  given, so leftovers can be found and removed.
 
 The protocol (``sandbox/base.py``) runs over one persistent stream per container, never a
 ``docker exec`` per call. On a local engine (channel "socket") the container's command connects
 to a unix socket in a folder of its own, bind-mounted read-only at /run/envforge, makes it the
 runner's stdin and stdout and becomes the runner; the host accepts that one connection and
 deletes the socket and its folder (the container keeps an empty read-only mount). No daemon sits
-on the path: a round trip costs what the process sandbox's pipe costs.
+on the path: a round trip costs what the process sandbox's pipe costs. (The runner connects
+itself, ``--connect``, before any env code runs.)
 Otherwise (channel "attach", for remote engines) requests go to the container's stdin and
 replies come back through dockerd in its 8-byte-header frames, several times slower. Either
-way the attach stream carries stderr, whose last 2 KiB are kept for error messages. When the
-host closes its end, or dies, the runner reads EOF and the container exits.
+way the attach stream carries the watcher's stderr (the runner's, capped), whose last 2 KiB are
+kept for error messages. When the host closes its end, or dies, the watcher kills the runner and
+the container exits.
 
 Cleanup: ``kill()`` force-removes the container; sandboxes still open when the interpreter exits
-(after Ctrl-C, say) are removed by an ``atexit`` hook; containers of a host that was killed
-outright (SIGKILL) exit on EOF, or within RLIMIT_CPU if the env spins, and the next
-``start()`` on the same machine removes them (``reap()``).
+(after Ctrl-C, or SIGTERM, which exits the same way where nothing else handles it) are removed
+by an ``atexit`` hook; containers of a host that was killed outright (SIGKILL, in any pid
+namespace) stop at once (the watcher), and the first ``start()`` of a backend removes the
+stopped ones that are ``strays()``, as ``envforge sandbox doctor --clean`` does.
 
 Protects against: network access of any kind; writing anywhere but the tmpfs; reading host
 files (none are mounted) or other processes' environments, and signalling them (own pid
-namespace); fork bombs; memory and CPU beyond the limits; hangs (the per-call timeout removes
-the container); print() corrupting the protocol; huge replies (a protocol error, the container
-removed).
+namespace); fork and thread bombs; memory and CPU beyond the limits (stderr floods and time
+between calls included); hangs (the per-call timeout removes the container); print() corrupting
+the protocol; huge replies (a protocol error, the container removed); containers outliving
+their host.
 
 Does not protect against: kernel exploits (containers share the host kernel; a ``runtime`` like
 gVisor narrows that); side channels; denial of service within the limits (many sandboxes at
@@ -259,15 +269,16 @@ def _remove_live() -> None:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM, where nothing else handles it, exits like Ctrl-C does: through the calls'
-    cleanup and the atexit hook that removes the containers (its default would skip both)."""
+    """SIGTERM, where nothing else handles it, is handled like Ctrl-C (a KeyboardInterrupt):
+    through the calls' cleanup and the atexit hook that removes the containers (its default
+    would skip both)."""
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, _sigterm)
 
 
 def _sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
 
 class ContainerTransport(Transport):

@@ -31,8 +31,8 @@ memfd is sealed at its size, so the runner cannot shrink it under the host's map
 can find the runner's descriptor: its mapping keeps one), and the host copies a reply out before
 it reads it, checking its length: a runner that scribbles on the memory, rings or fills the bells
 or writes the pipe only lies, like any other reply, within the call's time limit (the host's
-ends of the pipes are its own open files, non-blocking whatever the runner does to its ends). ``channel="pipe"`` keeps every
-message on the pipes.
+ends of the pipes are its own open files, non-blocking whatever the runner does to its ends).
+``channel="pipe"`` keeps every message on the pipes.
 
 Protects against (with seccomp, on every layer): network access; starting processes or programs,
 fork bombs included; writing, deleting or renaming host files; signalling or tracing other
@@ -81,6 +81,7 @@ PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 CAPABILITY_VERSION_3 = 0x20080522
 MIB = 1 << 20
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROBE_TIMEOUT_S = 5.0
 ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 HOW_TO = "install bubblewrap (apt-get install bubblewrap) and pyseccomp (pip install pyseccomp)"
@@ -138,6 +139,23 @@ class PipeTransport(Transport):
 
     def alive(self) -> bool:
         return not self._killed and self._status() is None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds used so far by the runner and every process under the one started (bwrap
+        and unshare put the runner a level or two down), from /proc."""
+        total, todo = 0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                        todo += map(int, f.read().split())
+            except (OSError, ValueError, IndexError):  # gone meanwhile, or no children file
+                continue
+        return total / CLOCK_TICKS
 
     def kill(self) -> None:
         if self._killed:

@@ -1,21 +1,27 @@
 """The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
 
-Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT]`` behind an
-isolation boundary (a process sandbox or a container). Standard library only; ``pyseccomp`` is
-used when asked for. It speaks the line protocol of ``sandbox/base.py``: one JSON request per line
-on stdin, one JSON reply per line on the original stdout (ops: load, new, reset, step, solve,
-ping, stats, and the gate's batch "resets"); with ``--shm``, the same messages through shared
-memory instead (see SHM_REGION).
-Before any env code runs it
+Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT] [--connect PATH]
+[--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
+only; ``pyseccomp`` is used when asked for. It speaks the line protocol of ``sandbox/base.py``:
+one JSON request per line on stdin, one JSON reply per line on the original stdout (ops: load,
+new, reset, step, solve, ping, stats, and the gate's batch "resets"); with ``--shm``, the same
+messages through shared memory instead (see SHM_REGION). In a container, ``--connect`` first
+makes a unix socket to the host fds 0 and 1, and ``--watch`` leaves a watcher behind as the
+container's first process (see ``watch``). Before any env code runs it
 
 - keeps the protocol on private copies of fds 0 and 1, points fd 0 at /dev/null and fds 1 and 2
-  at the host's stderr file, and makes ``sys.stdout``/``sys.stderr`` a sink that keeps the first
-  64 KiB: an env's print() can neither corrupt nor read the protocol. (Env code that finds the
-  private fds can still write raw lines there; the host treats every reply as untrusted data.)
+  at the host's stderr file (in a container, the watcher's pipe), and makes
+  ``sys.stdout``/``sys.stderr`` a sink that keeps the first 64 KiB: an env's print() can neither
+  corrupt nor read the protocol. (Env code that finds the private fds can still write raw lines
+  there; the host treats every reply as untrusted data.)
 - with ``--seccomp``, installs a seccomp filter (allow by default; EPERM for creating sockets,
-  processes or programs, opening files for writing, changing the filesystem, signalling other
-  processes, tracing, mounting, changing ids, ...). If it cannot, it exits with status 3.
+  processes, threads or programs, opening files for writing, changing the filesystem, signalling
+  other processes, tracing, mounting, changing ids, kernel surface such as io_uring, typing into
+  terminals and having the kernel signal someone on I/O: see KERNEL, DENY, ARGUMENT_RULES). If it
+  cannot, it exits with status 3.
 - sets RLIMIT_NPROC to 0: running as a non-root user it can start no process or thread.
+- blocks every signal (see ``serve``): no env code runs between calls, and CPU used while idle
+  ends the runner (exit status 4).
 
 Every call into env code is wrapped so that any exception (SystemExit, MemoryError,
 RecursionError included) becomes an error reply, and every value is checked to survive
@@ -68,7 +74,7 @@ O_ASYNC = 0o20000
 #: mask == value: what lets a process reach the host through a file it shares with it. TIOCSTI
 #: and TIOCLINUX type into a terminal; F_SETOWN, F_SETOWN_EX, F_SETSIG, O_ASYNC, FIOASYNC,
 #: FIOSETOWN and SIOCSPGRP make the kernel signal a process of one's choosing on I/O; a new user
-#: namespace is new kernel surface.
+#: namespace is new kernel surface; unblocking signals would let env code run between calls.
 ARGUMENT_RULES = (
     ("ioctl", ((1, LOW32, 0x5412),)),   # TIOCSTI
     ("ioctl", ((1, LOW32, 0x541C),)),   # TIOCLINUX
@@ -80,6 +86,8 @@ ARGUMENT_RULES = (
     ("fcntl", ((1, LOW32, 15),)),       # F_SETOWN_EX
     ("fcntl", ((1, LOW32, 4), (2, O_ASYNC, O_ASYNC))),  # F_SETFL with O_ASYNC
     ("clone", ((0, 0x10000000, 0x10000000),)),  # CLONE_NEWUSER
+    ("rt_sigprocmask", ((0, LOW32, 1),)),  # SIG_UNBLOCK: signals stay blocked (see serve)
+    ("rt_sigprocmask", ((0, LOW32, 2),)),  # SIG_SETMASK
 )
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 COMPACT = (",", ":")
@@ -504,25 +512,27 @@ PR_SET_DUMPABLE = 4
 
 
 def serve(channel, runner):
-    """Answer requests until the host hangs up. No env code runs between calls: every signal
-    stays blocked outside a call (the env's timers and handlers wait for its next call), and
-    trace, profile and gc hooks are dropped after each; what is left is caught on the runner's
-    CPU clock: CPU used while idle ends the sandbox, said on stderr, exit status IDLE_EXIT."""
-    answer, reply, cpu = runner.answer, channel.reply, time.process_time
-    block, everything = signal.pthread_sigmask, signal.valid_signals()
-    block(signal.SIG_SETMASK, everything)
+    """Answer requests until the host hangs up. No env code runs between calls: every signal is
+    blocked before any env code runs, for good (the filters deny unblocking them: an env's timers
+    and handlers never run), and trace, profile and gc hooks are dropped after each call. What
+    is left shows on the runner's CPU clock, read after each reply and as the next request
+    arrives: over IDLE_CPU_S in between ends the sandbox, said on stderr, exit status IDLE_EXIT.
+    (Signals are not re-blocked per call: signal.pthread_sigmask costs hundreds of µs here.)"""
+    # locals, bound before any env code runs: env code can rebind the module's names, not these
+    answer, reply, cpu, limit = runner.answer, channel.reply, time.process_time, IDLE_CPU_S
+    write, exit_, clear_hooks = os.write, os._exit, gc.callbacks.clear
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     idle_since = cpu()
     for line in channel.requests():
         idle = cpu() - idle_since
-        if idle > IDLE_CPU_S:
-            os.write(2, f"runner: env code used {idle:.2f} CPU seconds between calls; "
-                        "the sandbox stops\n".encode())
-            os._exit(IDLE_EXIT)
+        if idle > limit:
+            write(2, f"runner: env code used {idle:.2f} CPU seconds between calls; "
+                     "the sandbox stops\n".encode())
+            exit_(IDLE_EXIT)
         text = answer(line)[0]
-        block(signal.SIG_SETMASK, everything)  # env code may have unblocked some
         sys.settrace(None)
         sys.setprofile(None)
-        gc.callbacks.clear()
+        clear_hooks()
         reply(text)
         idle_since = cpu()
 

@@ -168,14 +168,16 @@ def variants() -> list[Variant]:
         """), "partial_credit", "take only the values"),
         v("hang", override("""
             def step(self, action):
-                if isinstance(action, dict) and "anything else" in str(action.get("content")):
+                text = str(action.get("content")) if isinstance(action, dict) else ""
+                if "anything else" in text or len(text) > 300:  # long talk: the gate's drawn texts
                     while True:
                         pass
                 return _Base.step(self, action)
         """), "bounded", "did not answer within"),
         v("memory_bomb", override("""
             def step(self, action):
-                if isinstance(action, dict) and "anything else" in str(action.get("content")):
+                text = str(action.get("content")) if isinstance(action, dict) else ""
+                if "anything else" in text or len(text) > 300:  # long talk: the gate's drawn texts
                     self.blob = "x" * (1 << 34)
                 return _Base.step(self, action)
         """), "bounded", "out of memory"),

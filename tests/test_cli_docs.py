@@ -62,7 +62,9 @@ def toy():
 @click.option("--name", "-n", required=True, help="A name.")
 @click.option("--tag", multiple=True, help="Tags.")
 @click.option("--secret", hidden=True)
-def run(paths, mode, seeds, fast, name, tag, secret):
+@click.option("--cache/--no-cache", default=True, help="Use the cache.")
+@click.argument("rest", nargs=-1, metavar="")
+def run(paths, mode, seeds, fast, name, tag, secret, cache, rest):
     """Run things."""
 
 
@@ -88,5 +90,6 @@ def test_the_renderer_shows_usage_types_defaults_and_help():
     assert "| `--fast` | flag | off | Go fast. |" in text
     assert "| `--name`, `-n` | text |  | A name. (required) |" in text
     assert "| `--tag` | text, repeatable |  | Tags. |" in text
-    assert "--secret" not in text and "--help" not in text
+    assert "| `--cache`, `--no-cache` | flag | `--cache` | Use the cache. |" in text
+    assert "--secret" not in text and "--help" not in text and "REST" not in text
     assert "## `toy sub deep`" in text and "| `--ratio` | float, 0<=x<=1 | `0.5` |  |" in text

@@ -141,12 +141,14 @@ def test_no_signal_to_the_host_through_a_shared_file(attack):
     try:
         source = env_with(step=f"""import fcntl, os
 done = []
+on = (1).to_bytes(4, "little")
 for fd in range(64):
     for pid in ({os.getpid()}, os.getppid(), -os.getpgid(0)):
-        for what, call in (("setown", lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, pid)),
-                           ("setsig", lambda: fcntl.fcntl(fd, 10, {int(signal.SIGUSR1)})),
-                           ("async", lambda: fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | 0o20000)),
-                           ("fioasync", lambda: fcntl.ioctl(fd, 0x5452, (1).to_bytes(4, "little")))):
+        for what, call in (
+                ("setown", lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, pid)),
+                ("setsig", lambda: fcntl.fcntl(fd, 10, {int(signal.SIGUSR1)})),
+                ("async", lambda: fcntl.fcntl(fd, 4, fcntl.fcntl(fd, 3) | 0o20000)),
+                ("fioasync", lambda: fcntl.ioctl(fd, 0x5452, on))):
             try:
                 call()
                 done.append((fd, what))
@@ -215,7 +217,10 @@ if not hasattr(signal, "armed"):
     signal.armed = True
     for sig in (signal.SIGALRM, signal.SIGPROF, signal.SIGVTALRM):
         signal.signal(sig, burn)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    except OSError:  # refused by the filters: the signals stay blocked
+        pass
     signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
     signal.setitimer(signal.ITIMER_PROF, 0.01, 0.01)
 """
@@ -223,8 +228,9 @@ if not hasattr(signal, "armed"):
 
 def test_timers_burn_no_cpu_between_calls(attack):
     """The issue's attack: a SIGALRM itimer whose handler spins kept the runner busy with no
-    call in flight. Signals stay blocked outside calls: a second idle costs (almost) no CPU, and
-    the next call is answered. (Each step reports the runner's CPU clock as it starts.)"""
+    call in flight. Signals stay blocked (unblocking them is refused): a second idle costs
+    (almost) no CPU, and the next call is answered. (Each step reports the runner's CPU clock
+    as it starts.)"""
     sb = attack(env_with(step=ITIMER_BURN + returning('{"cpu": cpu}')))
     go(sb)  # arms the timers, unblocks every signal
     before = go(sb)[4]["cpu"]
@@ -261,7 +267,27 @@ def test_cpu_burned_between_calls_ends_the_sandbox(attack):
     t = time.monotonic()
     with pytest.raises(SandboxCrashed, match="CPU seconds between calls"):
         sb.ping()
-    assert time.monotonic() - t < 1.0 + 0.3
+    # the runner's burn (0.3 CPU-s) then its exit, within a second; on Docker the report also
+    # waits for the engine to see the container stopped and drains its stderr (up to 1 s each)
+    assert time.monotonic() - t < 1.0 + 0.3 + (2.0 if attack.layer == "docker" else 0.0)
+    assert sb.closed
+
+
+def test_the_host_sees_cpu_burned_between_calls_whatever_the_runner_says(attack):
+    """The runner's own check lives where env code can reach it; the host's does not: env code
+    that also turns the runner's check off (its module's limit set to infinity, its waiting
+    code patched to burn) is still caught, from /proc, at the next call after an idle spell.
+    (Docker has no such outside check: reading a container's CPU through the engine takes
+    about a second; the runner's check, bound before env code runs, is what applies there.)"""
+    if attack.layer == "docker":
+        pytest.skip("no host-side idle check on Docker (see the docstring)")
+    sb = attack(env_with(step="import sys\nsys.modules['__main__'].IDLE_CPU_S = float('inf')\n"
+                              + IDLE_BURN + returning("{}")), call_timeout_s=5.0)
+    go(sb)
+    time.sleep(0.6)
+    with pytest.raises(SandboxCrashed, match=r"^ping: the sandbox used \d+\.\d\d CPU seconds "
+                                             "between calls"):
+        sb.ping()
     assert sb.closed
 
 
@@ -322,7 +348,7 @@ while time.monotonic() < end:
         out1, inside1 = _cpu_seconds(outside), _container_cpu(sb.transport.id)
         inside = inside1 - inside0
         out = sum(out1[p] - out0[p] for p in out1.keys() & out0.keys())
-        assert inside > 1.0, f"the attack barely ran ({inside:.2f} CPU-s)"
+        assert inside > 0.3, f"the attack barely ran ({inside:.2f} CPU-s; a loaded machine?)"
         assert inside / (inside + out) >= 0.8, f"container {inside:.2f} CPU-s, outside {out:.2f}"
         assert sb.ping()
     finally:
@@ -351,3 +377,26 @@ def test_doctor_shows_what_holds_each_layer():
             assert facts[key] is True, (name, key)
         assert facts["uid"] != 0 or name == "process/none", name
         assert "inside" not in rows[name]["detail"]
+
+
+# --------------------------------------------------------------------------- owners
+
+def test_an_owner_is_gone_only_when_that_is_certain():
+    """Container owners are named by hostname, boot id, pid namespace, pid and start time: a pid
+    alone is ambiguous across pid namespaces (a host in a pod is pid 1) and over time."""
+    import subprocess
+    import sys
+    from sandbox.docker import owner, owner_gone
+    mine = owner()
+    host, boot, namespace, pid, started = mine.split("/")
+    assert pid == str(os.getpid()) and started.isdigit() and boot != "?"
+    assert not owner_gone(mine)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = "/".join((host, boot, namespace, str(child.pid), "1"))
+    assert owner_gone(dead)                                               # pid gone
+    assert owner_gone("/".join((host, boot, namespace, pid, "1")))        # pid reused
+    assert owner_gone("/".join((host, "an-earlier-boot", namespace, pid, started)))
+    assert not owner_gone("/".join(("another-host", "x", namespace, str(child.pid), "1")))
+    assert not owner_gone("/".join((host, boot, "pid:[1]", str(child.pid), "1")))  # another ns
+    assert not owner_gone(f"{host}:{child.pid}") and not owner_gone("")  # old or no label

@@ -183,7 +183,8 @@ def test_inside_the_container(make, channel):
     import errno
     seen = step(make(env_with(step=PROBE + returning("seen")), channel=channel))[4]
     assert seen == {
-        "uid": 10001, "parent": 1, "pids": True, "cap": "0000000000000000", "nnp": "1", "seccomp": "2",
+        "uid": 10001, "parent": 1, "pids": True, "cap": "0000000000000000", "nnp": "1",
+        "seccomp": "2",
         "ifs": ["lo"], "env": ["HOME", "HOSTNAME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE",
                                "PYTHONHASHSEED"],
         "/pwned": errno.EROFS, "/opt/envforge/runner.py": errno.EROFS,
@@ -291,8 +292,8 @@ import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 from envforge.contract import Limits
 from sandbox.docker import DockerBackend
-sb = DockerBackend(labels={{"envforge.test": {session!r}, "case": {case!r}}}).start(
-    Limits(), hash_seed={mark})
+sb = DockerBackend(labels={{"envforge.test": {session!r}, "case": {case!r}}},
+                   channel={channel!r}).start(Limits(), hash_seed={mark})
 sb.load("CAPABILITY = 'x'\\nclass Env:\\n    tools = []\\n    def reset(self, seed):\\n"
         "        while True:\\n            pass\\n    def step(self, a):\\n        pass\\n"
         "    def solve(self, s):\\n        return []\\n")
@@ -305,8 +306,10 @@ print("ready", flush=True)
 """
 
 
-def host(case: str, spin: bool, then: str, prefix: list[str] = ()) -> subprocess.Popen:
-    code = HOST.format(repo=str(REPO), session=SESSION, case=case, mark=MARK, spin=spin, then=then)
+def host(case: str, spin: bool, then: str, prefix: list[str] = (),
+         channel: str = "auto") -> subprocess.Popen:
+    code = HOST.format(repo=str(REPO), session=SESSION, case=case, mark=MARK, spin=spin, then=then,
+                       channel=channel)
     proc = subprocess.Popen([*prefix, sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
@@ -349,17 +352,19 @@ def running(case: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("spin", [False, True], ids=["idle", "spinning"])
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGKILL-pid-namespace"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGKILL-pid-namespace",
+                                 "SIGKILL-attach"])
 def test_no_container_outlives_its_host(image, spin, how):
     """A host killed outright (in its own pid namespace too, where its pid means nothing to the
-    next host), or terminated: its containers stop within 10 s, even with the env spinning in a
-    call (the container's first process kills the runner when the host's socket closes). On
-    SIGTERM they are removed at once; stopped ones of a killed host are the next start's
-    strays."""
+    next host; or on the attach channel, where the container's stdin closes), or terminated: its
+    containers stop within 10 s, even with the env spinning in a call (the container's first
+    process kills the runner when the host hangs up). On SIGTERM they are removed at once;
+    stopped ones of a killed host are the next start's strays."""
     case = f"{how}-{spin}"
     proc = host(case, spin=spin, then="time.sleep(60)",
                 prefix=["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
-                if how.endswith("pid-namespace") else [])
+                if how.endswith("pid-namespace") else [],
+                channel="attach" if how.endswith("attach") else "auto")
     proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
     proc.wait(timeout=10)
     try:
@@ -367,7 +372,7 @@ def test_no_container_outlives_its_host(image, spin, how):
             assert wait_for(lambda: containers(case=case) == [], 10.0)
         assert wait_for(lambda: running(case) == [], 10.0)
         assert wait_for(lambda: processes_marked() == [], 5.0)
-        if how == "SIGKILL":  # an owner in this pid namespace: certainly gone
+        if how in ("SIGKILL", "SIGKILL-attach"):  # an owner in this pid namespace: certainly gone
             assert [c["Id"] for c in containers(case=case)] == backend().reap()
             assert containers(case=case) == []
     finally:

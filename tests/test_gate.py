@@ -140,3 +140,19 @@ def test_perturb_changes_one_argument_and_keeps_the_other_calls():
     assert [c["function"]["name"] for c in out["tool_calls"]] == ["get", "list"]
     assert out["tool_calls"][1] == two["tool_calls"][1]
     assert json.loads(out["tool_calls"][0]["function"]["arguments"]) != {"id": "A1"}
+
+
+def test_probes_are_drawn_per_audit_from_a_large_range():
+    """Nothing an env could recognise is fixed: seeds, texts and the second hash seed come from
+    the probe seed; the same probe seed gives the same draws."""
+    from envforge.gate.dynamic import Draws
+
+    settings = GateSettings()
+    a, b, again = Draws(1, settings), Draws(2, settings), Draws(1, settings)
+    assert (a.seeds, a.texts, a.hash_seed) == (again.seeds, again.texts, again.hash_seed)
+    assert len(set(a.seeds) & set(b.seeds)) < 5 and a.texts != b.texts and a.hash_seed != b.hash_seed
+    assert len(set(a.seeds)) == settings.seeds
+    assert sum(s >= 50 for s in a.seeds) >= settings.seeds * 0.7 and max(a.seeds) > 10**6
+    assert max(len(t) for t in a.texts) >= settings.long_text_chars - 1
+    assert len({len(t) for t in a.texts}) > 3
+    assert a.hash_seed != settings.training_hash_seed == 0

@@ -129,14 +129,19 @@ def test_k_defaults_and_checks():
     assert IdentifyConfig(runs=5).k == 4 and IdentifyConfig(runs=3).k == 3
     assert IdentifyConfig(runs=10, min_runs=5).k == 5
     assert (IdentifyConfig().delta, IdentifyConfig().rho) == (0.20, 0.10)
-    with pytest.raises(UsageError, match=r"--min-runs must lie between 1 and --runs \(3\), got 4"):
+    with pytest.raises(UsageError, match=r"IdentifyConfig.min_runs must be from 1 to runs \(3\), got 4"):
         IdentifyConfig(runs=3, min_runs=4)
-    with pytest.raises(UsageError, match="--rho must be between 0.0 and 1.0, got -0.1"):
+    with pytest.raises(UsageError, match="IdentifyConfig.rho must be from 0 to 1, got -0.1"):
         IdentifyConfig(rho=-0.1)
-    with pytest.raises(UsageError, match="--min-group must be at least 0, got -1"):
+    with pytest.raises(UsageError, match="IdentifyConfig.min_group must be at least 0, got -1"):
         IdentifyConfig(min_group=-1)
-    with pytest.raises(UsageError, match="--labeler must be one of structural, llm, hybrid, got 'gpt'"):
+    with pytest.raises(UsageError, match="labeller must be one of structural, llm, hybrid, got 'gpt'"):
         IdentifyConfig(labeller="gpt")
+    # each setting carries its help and bounds (the command line's options are made from them)
+    from dataclasses import fields
+    meta = {f.name: f.metadata for f in fields(IdentifyConfig)}
+    assert meta["delta"]["help"].startswith("Minimum gap") and (meta["delta"]["low"], meta["delta"]["high"]) == (0, 1)
+    assert meta["labeller"]["choices"] == ("structural", "llm", "hybrid")
 
 
 def test_k_of_n_stability():
@@ -296,7 +301,8 @@ def test_precondition_verification_checks_what_the_read_showed():
     assert label(traj(*be, *upgrade), name, basic) == PRESENT    # changes the cabin itself
     people = call("update_reservation_passengers", {"reservation_id": "R1", "passengers": []})
     assert label(traj(*be, *people), name, basic) == PRESENT     # not about the flights
-    assert label(traj(*be, *move), name) == PRESENT              # no policy given
+    searched = call("search_direct_flight", {"origin": "JFK"}, '[{"flight_number": "HAT1"}]')
+    assert label(traj(*be, *searched, *move), name) == PRESENT   # no policy given
     # the tool refusing the write for the entity's state
     refused = call("cancel_reservation", {"reservation_id": "R1"}, "Error: reservation is already cancelled")
     assert label(traj(*res("2024-05-15T01:00:00"), *refused), name, policy) == LACKING
@@ -304,6 +310,30 @@ def test_precondition_verification_checks_what_the_read_showed():
     v = verdict(traj(*res("2024-05-13T09:00:00"), say("I'm sorry, this reservation is not eligible "
                                                        "for cancellation.")), name, policy)
     assert v.label == PRESENT and v.turn == 2
+
+
+def test_precondition_verification_wants_a_new_booking_s_parts_searched():
+    """What a write puts inside its entity (flights of a booking, items of an exchange) must
+    have been shown by a read of its own: the flights of an old reservation are no search."""
+    name = "precondition verification"
+    me = call("get_user_details", {"user_id": "u1"}, '{"user_id": "u1"}')
+    book = call("book_reservation", {"user_id": "u1", "flights": [{"flight_number": "HAT1", "date": "2024-05-20"}],
+                                     "payment_methods": [{"payment_id": "gift_card_1", "amount": 10}]})
+    search = call("search_direct_flight", {"origin": "JFK"}, '[{"flight_number": "HAT1", "status": "available"}]')
+    old = call("get_reservation_details", {"reservation_id": "OLD"},
+               '{"reservation_id": "OLD", "flights": [{"flight_number": "HAT1", "price": 100}]}')
+    assert label(traj(*me, *search, *book), name) == PRESENT
+    v = verdict(traj(*me, *old, *book), name)
+    assert v.label == LACKING and "flights[0].flight_number=HAT1 was never shown by a read of its own" in v.why
+    assert label(traj(user("book HAT1 please"), *me, *book), name) == LACKING   # the user's word only
+    # an exchange: the items from the order itself, the new ones from the product listing
+    order = call("get_order_details", {"order_id": "#W1"},
+                 '{"order_id": "#W1", "user_id": "u1", "status": "delivered", "items": [{"item_id": "111"}]}')
+    product = call("get_product_details", {"product_id": "P"}, '{"variants": {"222": {"available": true}}}')
+    exchange = call("exchange_delivered_order_items", {"order_id": "#W1", "item_ids": ["111"],
+                                                       "new_item_ids": ["222"], "payment_method_id": "gc"})
+    assert label(traj(*me, *order, *product, *exchange), name) == PRESENT
+    assert label(traj(*me, *order, *exchange), name) == LACKING                 # 222 never listed
 
 
 def test_pre_filled_history_is_context_not_conduct():
@@ -405,9 +435,21 @@ def test_confirmation_before_write():
     assert label(traj(say("Shall I proceed?"), user("No, don't."), *cancel), name) == LACKING
     assert label(traj(say("Cancelled."), user("ok"), *cancel), name) == LACKING  # not a question
     assert label(traj(user("cancel R1"), *read), name) == NA
+    # a refused call made again with other details, with no new yes: the yes was for the first
+    pay = lambda card, result="{}": call("cancel_reservation", {"reservation_id": "R1", "refund_to": card}, result)  # noqa: E731
+    v = verdict(traj(*CONFIRM, *pay("gc_1", "Error: balance is not enough"), *pay("cc_2")), name)
+    assert v.label == LACKING and "retried with other refund_to" in v.why
+    assert label(traj(*CONFIRM, *pay("gc_1", "Error: balance is not enough"), *CONFIRM, *pay("cc_2")),
+                 name) == PRESENT
+    # one yes to a listing of two changes covers both (other entities, no retry)
+    two = (call("cancel_reservation", {"reservation_id": "R1"}), call("cancel_reservation", {"reservation_id": "R2"}))
+    assert label(traj(*CONFIRM, *two[0], *two[1]), name) == PRESENT
     # a policy that never asks for confirmation: not exercised
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "1. Each task must have a title") == NA
     assert label(traj(user("Yes, cancel R1"), *cancel), name, "obtain explicit user confirmation") == LACKING
+    own = traj(user("Yes, cancel R1"), *cancel)                         # the file's own policy
+    own.metadata["policy"] = "1. Each task must have a title"
+    assert label(own, name) == NA
     # a policy that asks to confirm the price (telecom): paid changes only
     telecom = "To refuel data you should: ask how much data they want; Confirm the price; apply it."
     roaming = call("enable_roaming", {"customer_id": "C1", "line_id": "L1"})
@@ -594,7 +636,7 @@ def test_one_sided_input_retains_nothing_and_says_why(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     r = CliRunner().invoke(main, ["identify", str(empty)])
-    assert r.exit_code == 1 and r.output.startswith("error: no trajectories:")
+    assert r.exit_code == 2 and r.output.startswith("error: no trajectories:")
 
 
 def test_the_plot_says_why_a_point_in_the_keep_region_is_grey(tmp_path):
@@ -637,6 +679,8 @@ def test_cli_errors(tmp_path):
     src = _write_run(tmp_path)
     r = CliRunner().invoke(main, ["identify", str(src), "--runs", "0"])
     assert r.exit_code == 2 and "error: --runs must be at least 1, got 0" in r.output
+    r = CliRunner().invoke(main, ["identify", str(src), "--min-runs", "11"])
+    assert r.exit_code == 2 and "error: --min-runs must be from 1 to runs (10), got 11" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "llm"])
     assert r.exit_code == 2 and "--labeler llm needs --model" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "hybrid"])
@@ -699,3 +743,19 @@ def test_task_text_is_the_first_user_message_cut_short():
     long = task_text(traj(user("x " * 400)))
     assert len(long) == 300 and long.endswith("...")
     assert task_text(traj(say("hello"))) == ""
+
+
+def test_odd_input_never_crashes_a_rule():
+    """Arguments that are not JSON objects, expected actions with list arguments, a history
+    count that is not a number, tool results that are not JSON: every rule still answers."""
+    t = traj(user("hi"),
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "cancel_reservation",
+                                                               "arguments": "[1, 2]"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "not json"},
+             *call("update_x", {"x_id": ["a", {"b": None}], "n": True}, "Error: ???"),
+             expected=[("cancel_reservation", ["R1"]), ("update_x", {"x_id": None})])
+    t.metadata["history"] = "3"
+    _, verdicts = label_structural([t], policy="The current time is bad. within the last 24 hrs")
+    assert set(verdicts[0]) == {r.capability.name for r in STRUCTURAL_RULES}
+    assert all(v.label in (PRESENT, LACKING, NA) and v.why for v in verdicts[0].values())

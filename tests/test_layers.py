@@ -49,17 +49,18 @@ def copy_code(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("module, line, broken", [
     # a lower layer importing a higher one, lazily inside a function (still a dependency)
-    ("envforge/contract.py", "def _late():\n    from envforge.gate import static\n", "envforge layers"),
+    ("envforge.contract", "def _late():\n    from envforge.gate import static\n", "envforge layers"),
     # the gate importing a stage above it
-    ("envforge/gate/schema.py", "from envforge.synth import families\n", "envforge layers"),
+    ("envforge.gate.schema", "from envforge.synth import families\n", "envforge layers"),
     # synth and identify are independent siblings
-    ("envforge/identify.py", "import envforge.synth.classify\n", "envforge layers"),
+    ("envforge.identify", "import envforge.synth.classify\n", "envforge layers"),
     # torch below trainers
-    ("sandbox/pool.py", "def _gpu():\n    import torch\n", "torch, transformers, peft, trl only in trainers"),
+    ("sandbox.pool", "def _gpu():\n    import torch\n", "torch, transformers, peft, trl only in trainers"),
 ])
 def test_a_violation_breaks_the_contract(tmp_path, module, line, broken):
     root = copy_code(tmp_path)
-    path = root / module
+    path = root.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     path.write_text(path.read_text(encoding="utf-8") + "\n\n" + line, encoding="utf-8")
     r = lint(root)
     assert r.returncode == 1, r.stdout + r.stderr

@@ -314,6 +314,7 @@ def test_evidence_must_be_quoted_from_the_turn_it_names(server, tmp_path):
     prompt = f0[0]["messages"][1]["content"]
     assert "[0] USER: please cancel R-f0" in prompt and "[3] AGENT: Done." in prompt
     assert "rubric: LACKING: the agent changed an entity" in prompt
+    assert "The agent's policy" not in prompt                      # none known for these
     good = next(r for r in result.label_rows() if r["task_id"] == "f1")
     assert good["evidence"]["precondition verification"] == {"turn": 0, "why": 'llm: "please cancel"'}
 
@@ -336,12 +337,13 @@ def test_hybrid_shows_the_rules_evidence_and_the_model_confirms_or_corrects(serv
         return json.dumps({"labels": labels})
     server.responder = responder
     result = identify(trajectories(), llm_config(tmp_path, labeller="hybrid", max_repairs=0),
-                      client=make_client(server, tmp_path))
+                      client=make_client(server, tmp_path), policy="Always confirm before writes.")
     assert result.labeller == "hybrid" and [c["name"] for c in result.capabilities] != []
     assert {c["name"] for c in result.capabilities} == set(names)
     kinds = [kind(b) for b in server.requests]
     assert kinds == ["labelling"] * 6                                     # no discovery
     prompt = next(b for b in server.requests if task_of(b) == "f0")["messages"][1]["content"]
+    assert prompt.startswith("Capabilities:") and "The agent's policy:\nAlways confirm before writes." in prompt
     # the rule's evidence is shown: the cancel had no read of R-f0 before it
     assert "- precondition verification: LACKING (turn 1): cancel_reservation on R-f0 with no earlier read" in prompt
     row = next(r for r in result.label_rows() if r["task_id"] == "f0")
@@ -512,3 +514,12 @@ def test_the_test_server_lists_its_model_and_checks_the_key():
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{s.url}/models", timeout=5)
         assert e.value.code == 401
+
+
+def test_the_rubric_covers_every_structural_capability():
+    """The LLM labeller is given the same definitions as the rules (docs/identify-rubric.md)."""
+    from envforge.identify import STRUCTURAL_RULES
+    from envforge.identify.llm import LABELLING_SYSTEM, RUBRIC
+    assert set(RUBRIC) == {r.capability.name for r in STRUCTURAL_RULES}
+    assert all("LACKING:" in text and "PRESENT:" in text and "NA:" in text for text in RUBRIC.values())
+    assert "One root cause, one label" in LABELLING_SYSTEM and "pre-filled history" in LABELLING_SYSTEM

@@ -98,6 +98,30 @@ def peek(g, part):
 def peek(g):
     return "{0.gi_frame.f_globals}".format(g)
 """, "static.dunder", "frame/code internal"),
+    "frame_name_defined_to_whitelist_it": ("""
+class Cover:
+    def __init__(self):
+        self.gi_frame = None
+        self.f_globals = None
+def peek(g):
+    return g.gi_frame.f_globals
+""", "static.dunder", "frame/code internal '.gi_frame'"),
+    "format_string_set_by_setattr": ("""
+class Card:
+    TEMPLATE = "{0}"
+    def fill(self, part):
+        setattr(self, "TEMPLATE", "{0." + part + "}")
+        return self.TEMPLATE.format(self)
+""", "static.dunder", ".format() on a string that is not one of the file's literals"),
+    "format_string_as_dataclass_field": ("""
+from dataclasses import dataclass
+@dataclass
+class Card:
+    template: str = "{0}"
+    def fill(self, g):
+        return self.template.format(g)
+CARD = Card("{0.gi_" + "frame}")
+""", "static.dunder", ".format() on a string that is not one of the file's literals"),
     "metaclass": ("""
 class Meta(type):
     pass

@@ -354,7 +354,7 @@ def test_wrong_shapes_and_protocol_errors(make):
     with pytest.raises(EnvCallError) as e:
         sb.call("jump")
     assert (e.value.kind, e.value.message) == (
-        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, ping, stats")
+        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, resets, ping, stats")
     with pytest.raises(EnvCallError, match="an env is already loaded here"):
         sb.load(GOOD_ENV)
     solve_dict = make(GOOD_ENV.replace('return [{"role"', 'return {"role"').replace(
@@ -563,7 +563,7 @@ def test_doctor_names_the_channel_and_does_not_count_it_as_a_backend(monkeypatch
         "process/seccomp", "process/channel")) else 1)
     only_aids = [{"backend": b, "ok": True, "detail": "x"} for b in ("process/seccomp",
                                                                     "process/channel")]
-    monkeypatch.setattr("sandbox.base.diagnose", lambda: only_aids)
+    monkeypatch.setattr("envforge.cli.diagnose", lambda: only_aids)
     assert CliRunner().invoke(main, ["sandbox", "doctor", "--json"]).exit_code == 1
 
 

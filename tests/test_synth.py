@@ -317,8 +317,9 @@ def test_import_synth_is_light():
             "print(' '.join(sorted(sys.modules)))")
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.split())
-    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "envforge.gate",
-             "envforge.cli", "sandbox")
+    # synth uses the gate (a lower layer) at module level; neither loads a heavy package then
+    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "docker",
+             "envforge.cli", "envforge.identify", "trainers")
     assert not [m for m in mods if m.startswith(heavy)]
 
 
@@ -333,7 +334,7 @@ def test_identify_then_synth_from_works_offline(tmp_path, out):
     found = json.loads(caps.read_text())["capabilities"]
     assert found[0]["name"] == "action completion" and found[0]["retained"]
     r = invoke("synth", "--from", str(caps), "--all", "-t", str(TARGETS / "tau2" / "retail"),
-               "--out", str(out), *FAST, "--json")
+               "--out", str(out), "--seeds", "20", "--json")   # 8 seeds: partial credit can miss
     results = json.loads(r.output)
     assert [(x["capability"], x["verdict"]) for x in results] == [(c["name"], "accept") for c in found]
     assert r.exit_code == 0

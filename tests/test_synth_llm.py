@@ -67,8 +67,8 @@ def test_a_flawed_env_is_repaired_and_accepted_on_attempt_2(server, tmp_path, go
     assert r.verdict == "accept" and r.slug == SLUG
     assert [(a.n, a.verdict) for a in r.attempts] == [(1, "reject"), (2, "accept")]
     first = r.attempts[0].findings
-    assert [f["check"] for f in first if f["severity"] == "error"] == ["static.import"]
-    assert "import of 'os' is not allowed" in first[0]["message"]
+    assert [f.check for f in first if f.severity == "error"] == ["static.import"]
+    assert "import of 'os' is not allowed" in first[0].message
     # the repair request carried the failing finding and the code it was about
     assert len(server.requests) == 2
     repair = server.requests[1]["messages"]
@@ -76,7 +76,7 @@ def test_a_flawed_env_is_repaired_and_accepted_on_attempt_2(server, tmp_path, go
     assert repair[2] == {"role": "assistant", "content": fenced(flawed)}
     text = repair[3]["content"]
     assert text.startswith("The gate rejected this env.py. Its findings (fix every one):\n\n- [static.import] line ")
-    assert first[0]["message"] in text
+    assert first[0].message in text
     assert "```python\n" + flawed.rstrip("\n") + "\n```" in text
     assert text.endswith("Reply with the complete corrected env.py in one ```python block.")
     # what landed on disk
@@ -106,9 +106,9 @@ def test_no_code_truncated_code_and_a_refusal_are_failed_attempts(server, tmp_pa
     r = synthesize(CAP, "example", config(tmp_path, attempts=4), client=client_for(server, tmp_path))
     assert r.verdict == "accept"
     assert [a.verdict for a in r.attempts] == ["reject", "reject", "reject", "accept"]
-    checks = [[f["check"] for f in a.findings] for a in r.attempts[:3]]
+    checks = [[f.check for f in a.findings] for a in r.attempts[:3]]
     assert checks == [["input"], ["static.syntax"], ["input"]]
-    messages = [a.findings[0]["message"] for a in r.attempts[:3]]
+    messages = [a.findings[0].message for a in r.attempts[:3]]
     assert messages[0].startswith("the reply held no code (77 characters of prose, no ```python block)")
     assert messages[1].startswith("the reply was truncated: its ```python block is never closed")
     assert messages[2].startswith("the reply was a refusal, not code: \"I'm sorry, but I can't help")

@@ -244,22 +244,24 @@ def test_unknown_capability_text_fails_listing_the_families():
 def test_every_capability_of_the_structural_labeller_has_a_family():
     """So that `envforge identify` then `envforge synth --from` works offline."""
     from envforge.identify import STRUCTURAL_RULES
-    for capability, _ in STRUCTURAL_RULES:
-        assert match_family(capability.name, capability.description).name == capability.name
+    for rule in STRUCTURAL_RULES:
+        c = rule.capability
+        assert match_family(c.name, c.description).name == c.name
 
 
 # ============================================================================= the env it writes
 
 
-def test_rendering_is_deterministic_and_self_contained():
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.slug)
+def test_rendering_is_deterministic_and_self_contained(family):
     t = load_target("example")
-    a, _ = synthesize_template("precondition verification", FAMILIES[0], t)
-    b, _ = synthesize_template("precondition verification", FAMILIES[0], t)
+    a, _ = synthesize_template(family.name, family, t)
+    b, _ = synthesize_template(family.name, family, t)
     assert a == b
     static = audit_static(a)
     assert static.ok and not static.findings, [f.message for f in static.findings]
-    assert static.shape["capability"] == "precondition verification"
-    assert "Why it transfers:" in a.split('"""')[1]
+    assert static.shape["capability"] == family.name
+    assert "Why it transfers:" in a.split('"""')[1] and "{" not in a.split('"""')[1]
     imports = [ln for ln in a.splitlines() if ln.startswith(("import ", "from "))]
     assert imports == ["import json", "import random", "import re"]
 
@@ -397,6 +399,8 @@ def test_error_recovery_rewards_the_fixed_call():
         "was changed by another request since it was read; read it again with get_ticket_details" in seen[3]["content"]
     score, seen, _ = play(Env, seed, ref[:2] + ref[1:2])           # retried without reading again
     assert score == 0.0 and "has not been read since it changed" in seen[-1]["content"]
+    assert play(Env, seed, ref[:2] + ref[1:2] + ref[2:])[0] == 0.9  # then did: one failed call too many
+    assert play(Env, seed, ref[1:2])[0] == 0.8                     # never read: nothing went stale
     wrong = dict(_args(ref[-1]), resolution=_args(ref[-1])["resolution"] + " (edited)")
     assert play(Env, seed, ref[:3] + [assistant(None, [tool_call("close_ticket", wrong, "w")])])[0] == round(
         0.2 + 0.8 * 1 / 2, 4)                                      # every argument is checked
@@ -433,6 +437,10 @@ def test_escalation_judgement_transfers_when_and_only_when_out_of_scope():
 
 
 MATRIX_TARGETS = ["retail", "airline", "telecom", "mock", "toolsandbox", "example"]
+#: The gate draws its probes per audit; the matrix pins them so that a run is reproducible (with
+#: 20 seeds, a family whose partial scores are rarer, error recovery on airline's one-argument
+#: write, misses them all in about 3% of draws; at the gate's default 50 seeds, almost never).
+MATRIX_PROBE_SEED = 0
 #: The pairs of the matrix whose target lacks a tool the family needs.
 UNSUPPORTED = {"escalation_judgement": ("toolsandbox",)}
 
@@ -471,7 +479,8 @@ def matrix_results(tmp_path_factory):
             return (name, f.slug), (str(e), 0.0)
         (folder / "env.py").write_text(src)
         t0 = time.perf_counter()
-        report = audit(folder, target=t, settings=GateSettings(seeds=20), write_report=False)
+        report = audit(folder, target=t, settings=GateSettings(seeds=20, probe_seed=MATRIX_PROBE_SEED),
+                       write_report=False)
         return (name, f.slug), (report, time.perf_counter() - t0)
 
     return dict(run(job) for job in jobs)

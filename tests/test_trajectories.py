@@ -64,6 +64,8 @@ def test_tau2_mock_real_file_with_unknown_expected_actions():
     hist = by_id["update_task_with_message_history"]
     assert hist.metadata["history"] == 4 and hist.messages[3]["role"] == "assistant"
     assert "history" not in by_id["create_task_1"].metadata
+    # the policy the agent was given (tau2 keeps it in info.environment_info, not in the messages)
+    assert by_id["create_task_1"].metadata["policy"].startswith("# Mock Domain Policy")
     assert [t.metadata["index"] for t in ts] == list(range(10))  # the position in the file
     _check_messages(ts)
 

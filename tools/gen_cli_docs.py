@@ -46,7 +46,9 @@ def default(param: click.Parameter, ctx: click.Context) -> str:
     value = param.get_default(ctx, call=False)
     if callable(value):
         return "computed at run time"
-    if getattr(param, "is_flag", False) and not param.secondary_opts:
+    if getattr(param, "is_flag", False):
+        if param.secondary_opts:  # --cache/--no-cache: the one in force by default
+            return f"`{param.opts[0] if value else param.secondary_opts[0]}`"
         return "on" if value else "off"
     if value is None or value is UNSET or value == () or value == "":
         return ""
@@ -74,7 +76,7 @@ def value_type(param: click.Parameter, ctx: click.Context) -> str:
 
 
 def usage(cmd: click.Command, ctx: click.Context) -> str:
-    return " ".join([ctx.command_path, *cmd.collect_usage_pieces(ctx)])
+    return " ".join([ctx.command_path, *(p for p in cmd.collect_usage_pieces(ctx) if p)])
 
 
 def render_command(cmd: click.Command, ctx: click.Context) -> list[str]:
@@ -83,7 +85,8 @@ def render_command(cmd: click.Command, ctx: click.Context) -> list[str]:
     if text:
         lines += [text, ""]
     params = [p for p in cmd.get_params(ctx) if not getattr(p, "hidden", False)]
-    arguments = [p for p in params if isinstance(p, click.Argument)]
+    # an argument with an empty metavar is a catch-all the command keeps out of its usage
+    arguments = [p for p in params if isinstance(p, click.Argument) and p.metavar != ""]
     options = [p for p in params if isinstance(p, click.Option) and "--help" not in p.opts]
     if arguments:
         lines += ["| argument | value | required |", "|---|---|---|"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.trajectories import first_user_text
 from trainers.rollout import EnvFactory, mean_ci, run_episodes
 
 
@@ -136,7 +137,6 @@ def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperatur
 def route_seeds(policy, factory: EnvFactory, env: str, seeds: list[int], routes: list) -> dict:
     """``{choice: seeds}``: each seed routed on its first user message, read from a reset of one
     env made for all the seeds; a seed whose reset fails goes to "none" with the error in its route."""
-    from envforge.trajectories import first_user_text
     from trainers.router import NONE
     buckets: dict[str, list[int]] = defaultdict(list)
     e = None

@@ -19,7 +19,6 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
 from envforge.contract import CHECKS, Report, warning
 from envforge.errors import EnvforgeError, InputError, UsageError
@@ -27,7 +26,9 @@ from envforge.gate.config import GateSettings
 from envforge.gate.dynamic import run_dynamic
 from envforge.gate.schema import check_schema
 from envforge.gate.static import audit_static
+from envforge.progress import Progress, reporter
 from envforge.targets import Target, load_target
+from sandbox.base import get_backend
 
 UNPARSABLE = {"input", "static.syntax", "static.size"}
 
@@ -76,8 +77,9 @@ def target_for(env_file: Path, target: str | Path | Target | None) -> tuple[Targ
 
 def audit(path: str | Path, target: str | Path | Target | None = None, static_only: bool = False,
           backend: str = "auto", settings: GateSettings | None = None, write_report: bool = True,
-          progress: Callable[[str], None] | None = None) -> Report:
-    """Audit one env (folder or env.py) and return its report; writes report.json beside it."""
+          progress: Progress | None = None) -> Report:
+    """Audit one env (folder or env.py) and return its report; writes report.json beside it.
+    ``progress`` gets a ``Step`` per stage (``envforge.progress``), its item the path."""
 
     env_file = resolve_env(path)
     try:
@@ -87,7 +89,7 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
     tgt, why = target_for(env_file, target)
     report = Report(path=str(path), target=tgt.name if tgt else None,
                     target_schema_hash=tgt.schema_hash() if tgt else None)
-    say = progress or (lambda s: None)
+    say = reporter(progress, str(path))
 
     t0 = time.perf_counter()
     say("static audit")
@@ -109,8 +111,6 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
     report.stages["schema"] = time.perf_counter() - t0
 
     if parsable and not static_only:
-        from sandbox.base import get_backend
-
         t0 = time.perf_counter()
         findings, stats = run_dynamic(static.text, get_backend(backend), settings, progress=say)
         dyn_tools = stats.pop("tools", None)

@@ -1,19 +1,29 @@
 """The dynamic stage of the gate: the env runs, in a sandbox, under probe policies and hypothesis.
 
-Every property of ENV_CONTRACT.md's table that needs the code to run is checked here:
+Every property of ENV_CONTRACT.md's table that needs the code to run is checked here. Env code
+may have read this file, so every probe is drawn per audit from one probe seed (``Draws``:
+seeds from a large range, free texts up to several KB, the second sandbox's PYTHONHASHSEED,
+hypothesis's own draws), recorded in the report and replayable with ``--probe-seed``:
 
-- probes over ``settings.seeds`` seeds: the reference ``solve``, a perturbed reference (one action
-  dropped, one argument changed, or the plan cut short), a do-nothing policy (talks, calls no
-  tool) and a random policy (schema-valid calls and chatter, drawn by hypothesis);
+- probes over ``settings.seeds`` drawn seeds: the reference ``solve``, a perturbed reference (one
+  action dropped, one argument changed, or the plan cut short), a do-nothing policy (talks drawn
+  text, calls no tool) and a random policy (schema-valid calls and chatter, drawn by hypothesis);
 - hypothesis state machines whose rules are tool calls drawn from each tool's JSON schema plus
-  malformed calls of every kind (robustness);
+  malformed calls of every kind and drawn text (robustness);
+- does the env test its capability: the reference's words without its tool calls, each
+  argument of its writes changed in turn, its reads removed, extreme values in its own calls,
+  episodes played to max_turns, and whether its arguments were ever shown to the agent;
+- thousands of resets of one instance in one runner request: drift, slowdown, memory growth;
 - determinism: the reference and random episodes replayed in the same instance, in a second
-  instance, and in a second sandbox process with another PYTHONHASHSEED;
+  instance, and in a second sandbox process with another PYTHONHASHSEED (the first runs under
+  the one training uses);
 - isolation: an episode interleaved step by step with another instance's episode must not change.
 
 Every call has a time limit and the sandbox a memory limit: a hang, a crash or a blow-up becomes
-a ``bounded`` finding and the sandbox is replaced, never a hung audit. Thresholds live in
-``GateSettings``; each finding's message says what was seen and what to change.
+a ``bounded`` finding and the sandbox is replaced, never a hung audit; anything else that goes
+wrong (hypothesis confused by the env included) is a finding too, never a traceback. Thresholds
+live in ``GateSettings`` (``config.py``); each finding's message says what was seen and what to
+change.
 """
 from __future__ import annotations
 
@@ -621,7 +631,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                 args = _json_args(call)
                 if kinds.get(name) in ("read", "escalation") or not args:
                     continue
-                props = ((by_name[name]["function"].get("parameters") or {}).get("properties") or {})
+                props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
                     if new is _SKIP or tried.get((name, key), [False])[0]:
@@ -652,6 +662,18 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {capability!r} must need the information "
                          "the reads return.")
+    # extreme values in otherwise valid calls: each integer argument of the reference's calls at a
+    # large value (the schema's maximum when it has one), each free string argument made long
+    for e in solved[:3]:
+        for i, a in enumerate(e.actions):
+            for j, call in enumerate(a.get("tool_calls") or []):
+                name, args = call["function"]["name"], _json_args(call) or {}
+                props = _properties(by_name, name)
+                for key in sorted(args):
+                    new = _extreme(args[key], props.get(key), draws.rng, settings.long_text_chars)
+                    if new is not _SKIP:
+                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
+                        host.episode("a", e.seed, scripted(plan), f"extreme {name}.{key}")
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
     for e in sample[:3]:
         reads = [a for a in e.actions if a.get("tool_calls")
@@ -702,6 +724,20 @@ def _other_value(value: Any, schema: Any) -> Any:
     return _SKIP
 
 
+def _extreme(value: Any, schema: Any, rng: random.Random, long: int) -> Any:
+    """A large but schema-valid version of ``value`` (ints and free strings), or _SKIP."""
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(value, bool) or "enum" in schema or "const" in schema:
+        return _SKIP
+    if isinstance(value, int):
+        big = schema.get("maximum", rng.choice((10**5, 10**7, 10**9, 2**31 - 1)))
+        return big if isinstance(big, int) and big != value else _SKIP
+    if isinstance(value, str) and value and not schema.get("pattern") and not schema.get("format"):
+        size = min(long, schema.get("maxLength", long)) if isinstance(schema.get("maxLength", long), int) else long
+        return (value * (size // len(value) + 1))[:size] if size > len(value) else _SKIP
+    return _SKIP
+
+
 def _with_call(actions: list, i: int, j: int, call: dict) -> list:
     calls = list(actions[i]["tool_calls"])
     calls[j] = call
@@ -720,6 +756,13 @@ def _without_reads(actions: list, kinds: dict) -> list | None:
     return out if removed and out else None
 
 
+def _properties(by_name: dict, name: str) -> dict:
+    """The parameter schemas of tool ``name`` ({} for a tool the env does not offer)."""
+    params = by_name.get(name, {}).get("function", {}).get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
 def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     """The first (tool, argument, value) of the reference that names something the agent had not
     seen by then: a string (up to three words) absent from every message so far and the schemas."""
@@ -727,12 +770,12 @@ def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     for t, a in enumerate(e.actions):
         for call in a.get("tool_calls") or []:
             args = _json_args(call) or {}
-            props = ((by_name.get(call["function"]["name"], {}).get("function", {}).get("parameters") or {})
-                     .get("properties") or {})
+            props = _properties(by_name, call["function"]["name"])
             for key, value in args.items():
                 for v in _strings(value):
                     low = _squash(v)
-                    if len(low) < 3 or len(v.split()) > 3 or v in (props.get(key) or {}).get("enum", []):
+                    enum = props[key].get("enum") if isinstance(props.get(key), dict) else None
+                    if len(low) < 3 or len(v.split()) > 3 or isinstance(enum, list) and v in enum:
                         continue
                     escaped = _squash(json.dumps(v))  # tool results are often JSON text: "Zo\\u00eb"
                     if not any(low in text or escaped in text for text in seen):

@@ -5,15 +5,18 @@ small check per rule, in order: imports, builtins, dunders, entropy sources, the
 Every finding names the line it was seen on, and a rejected env gets all the findings it earned.
 It never raises: bytes that are not UTF-8, binary files, empty files and syntax errors are findings.
 
-What it protects against: the escapes that need a name: imports outside the allow-list, forbidden
-builtins (also aliased or looked up by a string), dunder and frame walks to ``object``, globals and
-frames (also spelled inside strings or built at run time for ``getattr``), module internals reached
-through allowed modules (``random._os``, ``typing.sys``), and wall-clock or unseeded randomness.
+The audit is by reachability, since blocking names cannot win: an allowed module is used only
+through the names MODULE_NAMES lists for it, and is never a value itself; dunder and frame
+attributes are never read, and underscore attributes only when the file defines them; no
+attribute is looked up by a run-time string (getattr with a computed name, str.format on a string
+that is not one of the file's literals, string.Formatter, operator.attrgetter); no evaluator of
+string annotations (typing.get_type_hints, functools.singledispatch); no class pattern with
+positional sub-patterns on a class that is not a builtin; no metaclass; no wall clock or
+unseeded randomness through any alias. Each rule's finding says what it stops.
 What it does not: code that loops forever, allocates without bound or misbehaves at run time; the
 sandbox and the dynamic checks own those. A static audit of Python is a filter, not a proof.
 
-RestrictedPython is not used because it rejects every name that starts with an underscore, which
-idiomatic generated code uses everywhere (``self._schemas``), so it would reject clean envs.
+RestrictedPython (run-time guards) is not used yet: docs/gate.md says why and how it would fit.
 """
 from __future__ import annotations
 
@@ -95,6 +98,35 @@ MODULE_NAMES: dict[str, frozenset[str]] = {m: frozenset(n.split()) for m, n in {
 #: Attribute prefixes of frame, generator, coroutine, traceback and code objects (f_globals,
 #: gi_frame, tb_frame, co_consts, ...): walks from a value to the globals or the caller's frame.
 _FRAME_PREFIXES = ("f_", "gi_", "cr_", "ag_", "tb_", "co_")
+
+
+def _frame_names() -> frozenset[str]:
+    """The public attribute names of this Python's frames, generators, coroutines, async
+    generators, tracebacks and code objects: never allowed, even when env.py defines them (a
+    file that sets ``self.gi_frame`` must not thereby allow ``g.gi_frame``)."""
+    import sys
+
+    def gen():
+        yield
+
+    async def coro():
+        pass
+
+    async def agen():
+        yield
+
+    try:
+        raise ValueError
+    except ValueError as e:
+        tb = e.__traceback__
+    c, a = coro(), agen()
+    objects = (sys._getframe(), gen(), c, a, tb, gen.__code__)
+    names = {n for o in objects for n in dir(o) if n.startswith(_FRAME_PREFIXES)}
+    c.close()
+    return frozenset(names) | _FRAME_ATTRS
+
+
+_FRAME_NAMES = _frame_names()
 #: Clock readers, on whatever value they are reached through (``D = datetime.date; D.today()``).
 _CLOCK_ATTRS = frozenset({"now", "today", "utcnow"})
 #: The public API of namedtuple, spelled with one underscore.
@@ -227,6 +259,10 @@ class _Module:
                     self.modules[a.asname or a.name] = f"{node.module}.{a.name}"
         # attribute names this file defines itself (self._x = ..., def _f, class-level names)
         self.defined_attrs = {n.attr for n in self.nodes[ast.Attribute] if not isinstance(n.ctx, ast.Load)}
+        self.defined_attrs |= {n.args[1].value for n in self.nodes[ast.Call]
+                               if isinstance(n.func, ast.Name) and n.func.id in ("setattr", "delattr")
+                               and len(n.args) > 1 and isinstance(n.args[1], ast.Constant)
+                               and isinstance(n.args[1].value, str)}
         self.defined = set(self.defined_attrs)
         self.defined |= {n.name for t in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
                          for n in self.nodes[t]}
@@ -256,10 +292,11 @@ class _Module:
         also bound anywhere else, or stored as an attribute, is left out: its value is unknown)."""
         if not hasattr(self, "_bindings"):
             self._bindings: dict[str, list] = defaultdict(list)
-            for body in [self.tree.body] + [c.body for c in self.nodes[ast.ClassDef]]:
+            bodies = [(self.tree.body, True)] + [(c.body, False) for c in self.nodes[ast.ClassDef]]
+            for body, module_level in bodies:  # a class's annotated names may be init fields
                 for s in body:
                     targets = s.targets if isinstance(s, ast.Assign) else (
-                        [s.target] if isinstance(s, ast.AnnAssign) and s.value else [])
+                        [s.target] if isinstance(s, ast.AnnAssign) and s.value and module_level else [])
                     for t in targets:
                         if isinstance(t, ast.Name):
                             self._bindings[t.id].append(s.value)
@@ -316,9 +353,11 @@ def attr_problem(m: "_Module", name: str) -> str | None:
     the unseeded generator; the allow-list covers modules, this rule every other value)."""
     if _is_dunder(name):
         return f"the dunder attribute '.{name}'"
+    if name in _FRAME_NAMES:
+        return f"the frame/code internal '.{name}'"
     if name in m.defined:
         return None
-    if name in _FRAME_ATTRS or name.startswith(_FRAME_PREFIXES):
+    if name.startswith(_FRAME_PREFIXES):
         return f"the frame/code internal '.{name}'"
     if name.startswith("_") and name not in _NAMEDTUPLE_API:
         return f"the internal attribute '.{name}', which env.py does not define"
@@ -630,7 +669,8 @@ def check_entropy(m: _Module):
             yield _at("static.entropy", node, f"{_named(node, d)} uses the shared unseeded "
                       f"generator (or the OS); {use_rng}")
     for node in m.nodes[ast.Attribute]:
-        if node.attr in _CLOCK_ATTRS and node.attr not in m.defined:
+        own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        if node.attr in _CLOCK_ATTRS and not (own and node.attr in m.defined):
             d = m.dotted(node)
             yield _at("static.entropy", node, f"{_named(node, d) if d else repr(_spelled(node))} reads "
                       f"the wall clock (whatever it is reached through); no wall clock in an env: derive dates from the "

@@ -127,7 +127,7 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
             from envforge.llm import LLMClient
             client = LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
                                rate_limit=config.rate_limit)
-        labeller = LLMLabeller(client, config)
+        labeller = LLMLabeller(client, config, policy)
         if config.labeller == "hybrid":
             caps, proposals = label_structural(trajectories, meta, policy)
             verdicts = labeller.label(trajectories, caps, proposals)

@@ -1,11 +1,11 @@
 """The words and settings of capability identification: the three labels, a capability, and
-``IdentifyConfig`` (each field carries its default, help and bounds)."""
+``IdentifyConfig`` (each field carries its default, help and bounds: :mod:`envforge.settings`)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
-from envforge.errors import UsageError
+from envforge.settings import Settings, setting
 from envforge.trajectories import DEFAULT_SUCCESS_THRESHOLD
 
 PRESENT, LACKING, NA = "PRESENT", "LACKING", "NA"
@@ -20,55 +20,39 @@ class Capability:
     description: str
 
 
-def _f(default, help: str, low=None, high=None):
-    """A config field with its help and bounds (``low <= value <= high``) as metadata."""
-    return field(default=default, metadata={"help": help, "bounds": (low, high)})
-
-
 @dataclass
-class IdentifyConfig:
+class IdentifyConfig(Settings):
     """Settings of ``envforge identify``. Defaults marked *paper* come from TRACE."""
-    labeller: str = field(default="structural", metadata={
-        "help": "structural (offline rules), llm (a model labels), or hybrid (the rules find "
-                "the evidence, a model confirms it)", "choices": LABELLERS})
-    delta: float = _f(0.20, "paper: keep when gap >= 0.20", 0.0, 1.0)
-    rho: float = _f(0.10, "paper: keep when coverage >= 0.10", 0.0, 1.0)
-    runs: int = _f(10, "paper (official code): N = 10 runs", 1)
-    min_runs: int | None = _f(None, "K; default 80% of runs rounded up (paper, official code: 8 "
-                                    "of 10; 1 of 1)", 1)
-    min_group: int = _f(5, "fewer successes or failures than this: retain nothing and warn "
-                           "(a contrast needs both sides)", 0)
-    success_threshold: float = _f(DEFAULT_SUCCESS_THRESHOLD, "a trajectory succeeds when reward "
-                                  ">= this (tau-bench: reward 1 is a pass)")
-    seed: int = _f(0, "seed of the runs' resampling and of discovery's batches")
-    # the LLM labeller
-    model: str | None = _f(None, "the model the endpoint serves")
-    batch_size: int = _f(50, "paper: ~50 failures per discovery batch", 1)
-    discovery_batches: int = _f(3, "discovery batches per run", 1)
-    max_candidates: int = _f(8, "paper: 5-8 candidates; kept after merging", 1)
-    concurrency: int = _f(8, "LLM calls in flight at once", 1)
-    rate_limit: float | None = _f(None, "LLM requests per second")
-    max_repairs: int = _f(2, "re-asks after a reply that fails the schema", 0)
-    cache_dir: str | None = _f(None, "None: envforge.llm.default_cache_dir()")
-    cache: bool = _f(True, "read and write the LLM cache")
-    progress: bool = _f(False, "show progress on stderr")
+    labeller: str = setting("structural", "structural: offline rules; llm: an OpenAI-compatible "
+                            "model discovers and labels; hybrid: the rules' labels and evidence, "
+                            "confirmed or corrected by the model.", choices=LABELLERS)
+    delta: float = setting(0.20, "Minimum gap ER- - ER+ (paper: 0.20).", low=0, high=1)
+    rho: float = setting(0.10, "Minimum coverage (paper: 0.10).", low=0, high=1)
+    runs: int = setting(10, "N bootstrap runs (paper, official code: 10).", low=1)
+    min_runs: int | None = setting(None, "K: runs a capability must be kept in (default 80% of "
+                                   "--runs rounded up: 8 of 10, 1 of 1).", low=1)
+    min_group: int = setting(5, "Fewer successes or failures than this: retain nothing and warn "
+                             "(a contrast needs both sides).", low=0)
+    success_threshold: float = setting(DEFAULT_SUCCESS_THRESHOLD, "A trajectory succeeds when its "
+                                       "reward is at least this (tau-bench: reward 1 is a pass).")
+    seed: int = setting(0, "Seed of the runs' resampling and of discovery's batches.")
+    # the LLM and hybrid labellers
+    model: str | None = setting(None, "LLM and hybrid labellers: the model the endpoint serves "
+                                "(endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY).")
+    batch_size: int = setting(50, "LLM: failures per discovery batch (paper: ~50).", low=1)
+    discovery_batches: int = setting(3, "LLM: discovery batches per run.", low=1)
+    max_candidates: int = setting(8, "LLM: candidates kept after merging (paper: 5-8).", low=1)
+    concurrency: int = setting(8, "LLM: calls in flight at once.", low=1)
+    rate_limit: float | None = setting(None, "LLM: at most this many requests per second.", above=0)
+    max_repairs: int = setting(2, "LLM: re-asks after a reply that fails the schema or the "
+                               "evidence check.", low=0)
+    cache_dir: str | None = setting(None, "LLM: cache folder (default ~/.cache/envforge/llm).")
+    cache: bool = setting(True, "LLM: read and write the cache.")
+    progress: bool = setting(False, "Show progress on stderr.")
 
-    def __post_init__(self) -> None:
-        if self.labeller not in LABELLERS:
-            raise UsageError(f"--labeler must be one of {', '.join(LABELLERS)}, got {self.labeller!r}")
-        for f in fields(self):
-            low, high = f.metadata.get("bounds", (None, None))
-            value = getattr(self, f.name)
-            if value is None or (low is None and high is None):
-                continue
-            if (low is not None and value < low) or (high is not None and value > high):
-                where = (f"between {low} and {high}" if low is not None and high is not None
-                         else f"at least {low}" if low is not None else f"at most {high}")
-                raise UsageError(f"--{f.name.replace('_', '-')} must be {where}, got {value}")
+    def check(self) -> None:
         if self.min_runs is not None and self.min_runs > self.runs:
-            raise UsageError(f"--min-runs must lie between 1 and --runs ({self.runs}), got {self.min_runs}")
-        if self.rate_limit is not None and self.rate_limit <= 0:
-            raise UsageError(f"--rate-limit must be positive requests per second, got {self.rate_limit}")
+            self.fail("min_runs", f"must be from 1 to runs ({self.runs}), got {self.min_runs}")
 
     @property
     def k(self) -> int:

@@ -33,9 +33,12 @@ RUBRIC = {
     "precondition verification": (
         "LACKING: the agent changed an entity (a write) without first reading it, or although "
         "what it read forbade the change (a status the action needs is absent, the entity is "
-        "cancelled/closed, it belongs to another user, a time window of the policy has passed), "
-        "or the tool refused the write for the entity's state. PRESENT: every write was preceded "
-        "by a read of that entity that allowed it. NA: no write."),
+        "cancelled/closed, it belongs to another user, a time window of the policy has passed, "
+        "a class the policy excludes), or it booked flights or items never searched in this "
+        "conversation, or the tool refused the write for the entity's state. PRESENT: every "
+        "write was preceded by a read of that entity that allowed it, or the agent read the "
+        "record and rightly declined the change it forbade. NA: no write attempted or about to "
+        "be."),
     "tool-call argument precision": (
         "LACKING: a transcription slip: in a write the agent used an id, name, date or option "
         "that differs from the one the user or a tool result gave (a typo, a wrong digit, a "
@@ -45,9 +48,10 @@ RUBRIC = {
         "the agent made writes and every value was copied exactly. NA: no write."),
     "structured data reasoning": (
         "LACKING: a number the agent computed from the data (a price, total, refund, balance, "
-        "count) is wrong: a tool refused the write over an amount, or the agent stated or wrote "
-        "a wrong figure. PRESENT: the agent computed such numbers and they were right. NA: no "
-        "computation was needed."),
+        "count, bag allowance, the cheapest option) is wrong, stated to the user or used in a "
+        "call, or computed from the wrong data (old fares, a tier the user claimed but the "
+        "agent never read). PRESENT: the agent computed such numbers and they were right. NA: "
+        "nothing computed (copying one number from a tool result is not reasoning)."),
     "confirmation before write": (
         "LACKING: the agent changed state without first listing the action and receiving the "
         "user's explicit yes to it. PRESENT: every write followed an explicit yes to a question "
@@ -61,10 +65,11 @@ RUBRIC = {
         "(stopped early, only promised, or transferred instead). PRESENT: every allowed change "
         "the user asked for was made. NA: no change was called for."),
     "error recovery": (
-        "LACKING: a tool call failed and the agent neither fixed the call nor told the user "
-        "that it could not be done (it ignored the error, claimed success, or gave up on an "
-        "error it could fix). PRESENT: a failed call was corrected and then succeeded. NA: no "
-        "call failed, or the failure was final and the agent told the user so."),
+        "LACKING: a tool call failed with an error the agent could have fixed, and it gave up, "
+        "repeated the same call, told the user something false about it, or 'fixed' it by "
+        "passing its own mistake on to the user. PRESENT: a failed call was corrected and then "
+        "succeeded. NA: no call failed, or the failure was final and the agent told the user "
+        "so truthfully."),
     "escalation judgement": (
         "LACKING: the agent transferred to a human when it could and should have handled the "
         "request, or did not transfer when the request was out of its scope. PRESENT: it "
@@ -73,11 +78,21 @@ RUBRIC = {
 
 LABEL_REQUIREMENTS = (
     "Label each capability PRESENT (the conversation shows the agent using it), LACKING (it "
-    "shows the agent missing it) or NA (the conversation gave no occasion to use it). Judge the "
-    "agent's behaviour only, from what the conversation shows; the reference solution, when "
-    "given, may show where things went wrong but is not itself evidence. Every PRESENT or "
-    "LACKING label needs evidence: the index of the turn (the number in brackets) and a short "
-    "quote copied exactly from that turn (at most 100 characters).")
+    "shows the agent missing it) or NA (the conversation gave no occasion to use it; not 'the "
+    "evidence is thin': then pick the likelier label). Judge the agent's own turns only, from "
+    "what the conversation and the policy show; the reward and the reference solution, when "
+    "given, may show where things went wrong but are not themselves evidence. Turns the task "
+    "began with (pre-filled history) are context, not the agent's conduct; tools the user runs "
+    "on their own device are the user's actions, not the agent's writes. One root cause, one "
+    "label: a write the record's state forbids (status, age, cabin, flown segment) is "
+    "precondition verification, not policy adherence; a write without the user's yes is "
+    "confirmation before write; a wrong record or option chosen on purpose is a decision "
+    "(policy adherence or action completion), not argument precision; what any change may do "
+    "(keep origin and destination, a payment method the user chose) is policy adherence; "
+    "refusing an allowed change, or saying a change was made when no call made it, is action "
+    "completion. Etiquette (one tool call at a time, the exact transfer sentence) counts "
+    "nowhere. Every PRESENT or LACKING label needs evidence: the index of the turn (the number "
+    "in brackets) and a short quote copied exactly from that turn (at most 100 characters).")
 
 DISCOVERY_SYSTEM = (
     "You analyse failed runs of a tool-using agent to find the capabilities it lacks. Read the "
@@ -179,6 +194,18 @@ def _prepare(obj: Any, names: Sequence[str], t: Trajectory, last: dict) -> Any:
     return {"labels": labels}
 
 
+POLICY_CHARS = 8000  # of the policy shown to the labeller
+
+
+def policy_text(t: Trajectory, given: str = "") -> str:
+    """The policy the agent followed: the one given (the target's), else the one the file
+    records (tau2), else the system prompt (tau-bench v1); cut to :data:`POLICY_CHARS`."""
+    own = t.metadata.get("policy") if isinstance(t.metadata.get("policy"), str) else ""
+    system = next((m.get("content") or "" for m in t.messages if m.get("role") == "system"), "")
+    text = (given or own or system).strip()
+    return text if len(text) <= POLICY_CHARS else text[:POLICY_CHARS] + " [...]"
+
+
 def _capability_key(name: str) -> frozenset:
     """Words of a name, cut to 5 letters (verifying/verification -> verif), minus filler."""
     filler = {"a", "an", "the", "of", "to", "and", "for", "in", "on", "with", "or"}
@@ -215,8 +242,8 @@ def _listing(caps: Sequence[Capability]) -> str:
 class LLMLabeller:
     """Discovery and labelling against an :class:`envforge.llm.LLMClient`."""
 
-    def __init__(self, client: Any, config: IdentifyConfig):
-        self.client, self.config = client, config
+    def __init__(self, client: Any, config: IdentifyConfig, policy: str | None = None):
+        self.client, self.config, self.policy = client, config, policy or ""
         self.invalid_replies = 0     # replies still failing the schema or the evidence check
         self.discovery_calls = 0     # discovery requests made (cached or not)
         self._lock = threading.Lock()
@@ -273,6 +300,9 @@ class LLMLabeller:
                    proposal: dict[str, Verdict] | None) -> dict[str, Verdict]:
         names = [c.name for c in caps]
         text = f"Trajectory (task {t.task_id}):\n{render(t, numbered=True)}"
+        policy = policy_text(t, self.policy)
+        if policy:
+            text = f"The agent's policy:\n{policy}\n\n{text}"
         if proposal is None:
             system, user = LABELLING_SYSTEM, f"Capabilities:\n{_listing(caps)}\n\n{text}"
         else:

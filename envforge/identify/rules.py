@@ -87,10 +87,11 @@ class View:
 
 def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None = None) -> View:
     """The rules' view of ``t``; ``meta``: the target's tool metadata, ``policy``: its policy
-    text (the trajectory's system prompt is added to it)."""
+    text (the policy the trajectory itself records, tau2's, and its system prompt, tau-bench
+    v1's, are added to it)."""
     meta = meta or {}
     start = t.metadata.get("history") or 0
-    start = start if isinstance(start, int) and 0 <= start <= len(t.messages) else 0
+    start = start if type(start) is int and 0 <= start <= len(t.messages) else 0
     calls: list[Call] = []
     by_id: dict[str, Call] = {}
     for i, m in enumerate(t.messages):
@@ -115,9 +116,11 @@ def view(t: Trajectory, meta: dict[str, dict] | None = None, policy: str | None 
                 c.error = c.result.lstrip().lower().startswith("error")
     expected = None
     if t.expected_actions is not None:
-        expected = [e for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
+        expected = [{**e, "arguments": e.get("arguments") if isinstance(e.get("arguments"), dict) else {}}
+                    for e in t.expected_actions if e.get("requestor", "assistant") == "assistant"]
     system = [m.get("content") or "" for m in t.messages if m.get("role") == "system"]
-    text = "\n".join([policy or ""] + system).lower()
+    own = t.metadata.get("policy") if isinstance(t.metadata.get("policy"), str) else ""
+    text = "\n".join([policy or "", own] + system).lower()
     return View(t, [c for c in calls if c.index >= start], expected, calls, meta, start, text)
 
 
@@ -410,6 +413,41 @@ def _forbidden_by_policy(v: View, c: Call, rec: dict) -> str | None:
     return None
 
 
+def _parts(args: dict) -> list[tuple[str, Any]]:
+    """The things a write puts inside its entity, by id: ``*_id``/``*_number`` fields of objects
+    in its lists (``flights[0].flight_number``) and the strings of ``*_ids`` lists
+    (``new_item_ids``); never payment ids (the user's to choose)."""
+    out = []
+    for path, x in leaves(args):
+        key = re.sub(r"\[\d+\]", "", path).split(".")[-1]
+        if (not isinstance(x, (str, int)) or isinstance(x, bool) or "payment" in path
+                or "[" not in path):
+            continue
+        if key.endswith(("_id", "_number")) or (key.endswith("_ids") and path.endswith("]")):
+            out.append((path, x))
+    return out
+
+
+def _unseen_part(v: View, c: Call) -> str | None:
+    """A part of write ``c`` (see :func:`_parts`) that no earlier read result showed, other than
+    a read of *another* record of the kind the write changes (the flights of an old booking are
+    not a search for a new one: their status, seats and price may have changed)."""
+    kinds = {w for w in c.name.lower().split("_") if len(w) > 2}
+    for path, x in _parts(c.arguments):
+        shown = False
+        for p in v.context:
+            if p.index >= c.index or p.kind != "read" or p.error or str(x) not in (p.result or ""):
+                continue
+            other = [k for k, val in p.arguments.items() if _is_id_key(k) and k[:-3] in kinds
+                     and c.arguments.get(k) != val]
+            if not other:
+                shown = True
+                break
+        if not shown:
+            return f"{path}={_quote(x)} was never shown by a read of its own (a search, a listing)"
+    return None
+
+
 def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]:
     """Why write ``c`` was not allowed by what the agent had read (a LACKING verdict), or None;
     and the read that showed its entity (None when there was none or no entity)."""
@@ -441,6 +479,8 @@ def precondition_problem(v: View, c: Call) -> tuple[Verdict | None, Call | None]
                            f"{p.result_index}): outside the policy's window"), p
     if forbidden := _forbidden_by_policy(v, c, rec):
         return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)} (turn {p.result_index}): {forbidden}"), p
+    if unseen := _unseen_part(v, c):
+        return Verdict(LACKING, c.index, f"{c.name} on {_quote(ent)}: {unseen}"), p
     if c.error and _STATE_ERROR.search(c.result or ""):
         return Verdict(LACKING, c.result_index, f"{c.name} on {_quote(ent)} refused: "
                        f"{_quote((c.result or '').strip(), 100)}"), p
@@ -456,8 +496,11 @@ def rule_precondition_verification(v: View) -> Verdict:
     status the tool's name excludes (``cancel_pending_order`` on a ``processed`` order) or a
     closed entity (``cancelled``); when it showed another owner (``user_id``) than every user
     the agent looked up; when it showed a ``created_at`` older than the policy's "within N
-    hours" window, no premium cabin or insurance, and the write cancels; or when the tool
-    refused the write for the entity's state ("already", "cannot", "not eligible"). PRESENT
+    hours" window, no premium cabin or insurance, and the write cancels; when a policy rule
+    "<value> <things> cannot be <done>" applies to it (:func:`_forbidden_by_policy`); when a
+    part it puts in (a booking's flights, an exchange's new items) was never shown by a read of
+    its own (:func:`_unseen_part`); or when the tool refused the write for the entity's state
+    ("already", "cannot", "not eligible"). PRESENT
     when every such write passed, or when the agent made no write but read a record and told
     the user the change was not possible (it declined what the record forbade); NA otherwise.
     """
@@ -615,7 +658,9 @@ def rule_confirmation_before_write(v: View) -> Verdict:
     go ahead, ...; not starting with "no") and answers an assistant message that asked (a
     question mark, "confirm" or "proceed"). Which writes need it comes from the policy (the
     target's or the system prompt; see :func:`confirmation_scope`): all of them, the paid ones,
-    or none. LACKING when any write that needs it is unconfirmed; PRESENT when all are; NA when
+    or none. LACKING when any write that needs it is unconfirmed, or is a retry with other
+    arguments (a refused booking made again with another payment) that no new yes preceded;
+    PRESENT when all are confirmed; NA when
     the agent made no write that needed one.
     """
     writes = v.writes
@@ -631,6 +676,14 @@ def rule_confirmation_before_write(v: View) -> Verdict:
     for c in writes:
         if not _confirmed(v.messages, c.index):
             return Verdict(LACKING, c.index, f"{c.name} without an explicit yes to a question first")
+        yes = max(j for j in range(c.index) if v.messages[j].get("role") == "user")
+        before = next((d for d in v.writes if yes < d.index < c.index and d.name == c.name and d.error
+                       and entity(d.arguments) == entity(c.arguments) and d.arguments != c.arguments), None)
+        if before is not None:
+            changed = sorted(k for k in set(c.arguments) | set(before.arguments)
+                             if c.arguments.get(k) != before.arguments.get(k))
+            return Verdict(LACKING, c.index, f"{c.name} retried with other {', '.join(changed)} than "
+                           f"the call the user's yes (turn {yes}) was for (turn {before.index})")
     return Verdict(PRESENT, writes[0].index, f"each of {len(writes)} write(s) followed the user's yes")
 
 

@@ -39,11 +39,17 @@ from typing import Any, Callable, Sequence
 from envforge import __version__
 from envforge.contract import Finding, Report, findings_from
 from envforge.errors import EnvforgeError, InputError, UsageError
-from envforge.llm import atomic_write, request_key, run_concurrently
+from envforge.gate import audit as gate_audit
+from envforge.gate.config import GateSettings
+from envforge.llm import LLMClient, atomic_write, request_key, run_concurrently
+from envforge.progress import Progress, Step, reporter
 from envforge.synth.classify import Unsupported
 from envforge.synth.config import SYNTHESIZERS, SynthConfig  # noqa: F401 (part of the API)
 from envforge.synth.families import FAMILIES, Family, family_list, match_family
+from envforge.synth.llm import extract_code, prompt_messages, repair_message
+from envforge.synth.templates import synthesize_template
 from envforge.targets import EXAMPLES, Target, load_target
+from envforge.trajectories import render
 
 __all__ = ["SynthConfig", "CapabilitySpec", "SynthResult", "synthesize", "synthesize_batch",
            "load_capabilities", "resolve_synthesizer", "FAMILIES", "match_family", "family_list",
@@ -173,7 +179,6 @@ def load_capabilities(path: str | Path, retained_only: bool = True,
             continue
         examples = [e for e in c.get("example_trajectories") or [] if isinstance(e, str)]
         if not examples and by_task:
-            from envforge.trajectories import render
             for task in c.get("examples") or []:
                 for t in by_task.get(str(task), [])[:1]:
                     examples.append(render(t))
@@ -289,15 +294,13 @@ class _Run:
         _write_json(self.folder / "manifest.json", m)
 
     def audit(self, code: str) -> Report:
-        from envforge.gate import audit
-        from envforge.gate.dynamic import GateSettings
         atomic_write(self.folder / "env.py", code)
         self.manifest["code_sha256"] = sha256(code)
         self.save(None)  # an interruption from here on leaves a folder marked unfinished
         self.say("gate: waiting for the gate")
-        return audit(self.folder, target=self.target, backend=self.config.backend,
-                     settings=GateSettings(seeds=self.config.seeds), write_report=True,
-                     progress=lambda s: self.say(f"gate: {s}"))
+        return gate_audit(self.folder, target=self.target, backend=self.config.backend,
+                          settings=GateSettings(seeds=self.config.seeds), write_report=True,
+                          progress=lambda step: self.say(f"gate: {step.text}"))
 
 
 def target_label(target: str | Path | Target) -> str:
@@ -310,19 +313,20 @@ def target_label(target: str | Path | Target) -> str:
 
 
 def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: SynthConfig | None = None,
-               *, client: Any = None, progress: Callable[[str], None] | None = None,
+               *, client: Any = None, progress: Progress | None = None,
                label: str | None = None) -> SynthResult:
     """Synthesize one capability on ``target``; write ``env.py``, ``manifest.json`` and
     ``report.json`` into ``config.out_dir/<slug>``. Returns the result (verdict ``accept``,
     ``reject``, or ``error`` with a message), never raises for a capability-level failure
-    except UsageError (the command was asked something impossible)."""
+    except UsageError (the command was asked something impossible). ``progress`` gets a
+    ``Step`` (``envforge.progress``) per phase, its item the capability."""
     config = config or SynthConfig()
     spec = CapabilitySpec(spec) if isinstance(spec, str) else spec
     target_spec = label or target_label(target)
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
     family = match_family(spec.name, spec.description) if kind == "template" else None
-    say = progress or (lambda s: None)
+    say = reporter(progress, spec.name)
     run = _Run(spec, tgt, target_spec, config, kind, family, say)
     if kind == "openai" and client is not None:
         run.manifest["model"] = client.model
@@ -354,8 +358,12 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
         return run.result("error", str(e))
 
 
+def llm_client(config: SynthConfig) -> LLMClient:
+    return LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
+                     timeout_s=config.timeout_s, max_retries=config.max_retries)
+
+
 def _template(run: _Run) -> SynthResult:
-    from envforge.synth.templates import synthesize_template
     try:
         code, summary = synthesize_template(run.spec.name, run.family, run.target)
     except Unsupported as e:
@@ -369,11 +377,7 @@ def _template(run: _Run) -> SynthResult:
 
 
 def _llm(run: _Run, client: Any) -> SynthResult:
-    from envforge.synth.llm import extract_code, prompt_messages, repair_message
-    if client is None:
-        from envforge.llm import LLMClient
-        client = LLMClient(run.config.model or "", cache_dir=run.config.cache_dir, cache=run.config.cache,
-                           timeout_s=run.config.timeout_s, max_retries=run.config.max_retries)
+    client = client or llm_client(run.config)
     run.manifest["model"] = client.model
     first = prompt_messages(run.spec.name, run.spec.description, run.target, run.spec.examples)
     run.manifest["prompt_sha256"] = request_key(first)
@@ -412,9 +416,10 @@ def _llm(run: _Run, client: Any) -> SynthResult:
 
 def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Target,
                      config: SynthConfig | None = None, *, client: Any = None,
-                     progress: bool = False) -> list[SynthResult]:
-    """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once,
-    with a rich progress display on stderr when ``progress``. Results in the order of ``specs``;
+                     progress: Progress | None = None) -> list[SynthResult]:
+    """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once;
+    ``progress`` gets each capability's steps, and one with ``done``/``total`` as each
+    finishes. Results in the order of ``specs``;
     a capability that fails is an ``error`` result, not an exception (UsageError aside). Two
     capabilities that would write the same folder (the same template family) run once: the
     later one is an ``error`` result naming the first."""
@@ -422,9 +427,7 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
     if kind == "openai" and client is None:
-        from envforge.llm import LLMClient
-        client = LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
-                           timeout_s=config.timeout_s, max_retries=config.max_retries)
+        client = llm_client(config)
     label = target_label(target)
     results: list[SynthResult | None] = [None] * len(specs)
     first: dict[str, int] = {}
@@ -442,40 +445,24 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
         else:
             first[slug] = i
     todo = [i for i in range(len(specs)) if results[i] is None]
-    bar = None
+    finished = 0
     lock = threading.Lock()
-    if progress and todo:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        overall = bar.add_task("synthesizing", total=len(todo))
-        bar.start()
 
     def one(i: int) -> SynthResult:
+        nonlocal finished
         spec = specs[i]
-        task = bar.add_task(f"  {spec.name}", total=None) if bar else None
-
-        def say(s: str) -> None:
-            if bar is not None:
-                with lock:
-                    bar.update(task, description=f"  {spec.name}: {s}")
         try:
-            return synthesize(spec, tgt, config, client=client, progress=say, label=label)
+            return synthesize(spec, tgt, config, client=client, progress=progress, label=label)
         except UsageError as e:  # a capability the template families do not cover
             return SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
         finally:
-            if bar is not None:
-                with lock:
-                    bar.remove_task(task)
-                    bar.advance(overall)
+            with lock:
+                finished += 1
+                if progress is not None:
+                    progress(Step("done", spec.name, finished, len(todo)))
 
-    try:
-        for i, r in zip(todo, run_concurrently(one, todo, config.concurrency)):
-            results[i] = r
-    finally:
-        if bar is not None:
-            bar.stop()
+    for i, r in zip(todo, run_concurrently(one, todo, config.concurrency)):
+        results[i] = r
     return [r for r in results if r is not None]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from envforge.synth import classify as C
 from envforge.synth.families import Family, who
 from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, TOOLS, _base_world, _call,
-                                    _details, _expected, _frac, _hello, _identify_calls, _norm,
+                                    _details, _expected, _frac, _hello, _identify_calls,
                                     _read_args, _rng, _skill, _text)
 
 

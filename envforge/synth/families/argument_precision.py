@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _callers_record, _details,
-                                _expected, _frac, _hello, KEY, _norm, NOUN, PLAN, _please,
-                                _read_args, REFUSE, _rng, _skill, _spoken, TOOLS)
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, PLAN, REFUSE, TOOLS, _base_world, _call,
+                                    _callers_record, _details, _expected, _frac, _hello, _norm,
+                                    _please, _read_args, _rng, _skill, _spoken)
 
 
 def _preference(c, catalog):

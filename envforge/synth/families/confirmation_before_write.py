@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _callers_record, CONFIRM,
-                                _details, _expected, _frac, _hello, KEY, _mentions, _norm, NOUN,
-                                _other, PLAN, _please, _read_args, REFUSE, _rng, _say, _skill,
-                                _text, TOOLS)
+from envforge.synth.runtime import (BaseEnv, CONFIRM, KEY, NOUN, PLAN, REFUSE, TOOLS, _base_world,
+                                    _call, _callers_record, _details, _expected, _frac, _hello,
+                                    _mentions, _norm, _other, _please, _read_args, _rng, _say,
+                                    _skill, _text)
 
 
 def _preference(c, catalog):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (REFUSE, BaseEnv, KEY, NOUN, PLAN, TOOLS, _base_world, _call,
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, PLAN, REFUSE, TOOLS, _base_world, _call,
                                     _callers_record, _details, _expected, _frac, _gen, _hello,
                                     _norm, _read_args, _rng, _skill, _spoken)
 
@@ -83,13 +83,14 @@ class Env(BaseEnv):
 
     def _on_write(self, args, rec):
         sc, s = self._sc, self._s
-        if rec[KEY] == sc["key"] and sc["skill"] == "stale_read" and not s["stale"]:
+        if rec[KEY] == sc["key"] and sc["skill"] == "stale_read" and not s["stale"] \
+                and rec[KEY] in self._shown:  # it changed after the agent's first read of it
             s["stale"] = True
             s["errors"] += 1
             self._shown = [k for k in self._shown if k != rec[KEY]]
             return ("Error: {} {} was changed by another request since it was read; read it again "
                     "with {}, then retry.".format(NOUN, rec[KEY], PLAN["reader"]["tool"])), None
-        if rec[KEY] == sc["key"] and sc["skill"] == "stale_read" and rec[KEY] not in self._shown:
+        if rec[KEY] == sc["key"] and s["stale"] and rec[KEY] not in self._shown:
             s["errors"] += 1
             return ("Error: {} {} has not been read since it changed; read it again with {} "
                     "first.".format(NOUN, rec[KEY], PLAN["reader"]["tool"])), None
@@ -102,7 +103,9 @@ class Env(BaseEnv):
         s = self._s
         if outcome != "write" or not s["right"]:
             return 0.0
-        return 0.2 * s["read"] + 0.8 * s["frac"]
+        # the first error is the scenario's; each further failed call costs 0.1 (at most 0.3)
+        waste = 0.1 * min(3, max(0, s["errors"] - 1))
+        return max(0.0, 0.2 * s["read"] + 0.8 * s["frac"] - waste)
 
     def solve(self, seed):
         w = self._world(_rng(seed))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (REFUSE, BaseEnv, KEY, NOUN, PLAN, TOOLS, _base_world, _call,
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, PLAN, REFUSE, TOOLS, _base_world, _call,
                                     _callers_record, _details, _expected, _frac, _hello, _mentions,
                                     _norm, _please, _read_args, _rng, _say, _skill)
 

@@ -6,10 +6,10 @@ import json
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _callers_record, _details,
-                                _expected, _frac, _identify_calls, _identity, KEY, _norm, NOUN,
-                                OWNER, PLAN, QUESTION, _read_args, REFUSE, _rng, _skill, _text,
-                                TOOLS)
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, QUESTION, REFUSE, TOOLS,
+                                    _base_world, _call, _callers_record, _details, _expected,
+                                    _frac, _identify_calls, _identity, _norm, _read_args, _rng,
+                                    _skill, _text)
 
 
 def _preference(c, catalog):

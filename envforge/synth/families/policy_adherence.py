@@ -7,11 +7,10 @@ import re
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _callers_record, _details,
-                                _expected, _frac, _hello, KEY, _norm, NOUN, _num, _others_record, OWNER,
-                                _person, PLAN,
-                                _please, _read_args, REFUSE, _rng, _same, _say, _skill, _text,
-                                TOOLS)
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, REFUSE, TOOLS, _base_world,
+                                    _call, _callers_record, _details, _expected, _frac, _hello,
+                                    _norm, _num, _others_record, _person, _please, _read_args,
+                                    _rng, _same, _say, _skill, _text)
 
 
 def _preference(c, catalog):

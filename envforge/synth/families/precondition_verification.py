@@ -6,9 +6,9 @@ import re
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family, who
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _details, _expected, _frac,
-                                _hello, _identify_calls, KEY, _norm, NOUN, OWNER, PLAN, _please,
-                                _read_args, REFUSE, _rng, _skill, _text, TOOLS)
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, REFUSE, TOOLS, _base_world,
+                                    _call, _details, _expected, _frac, _hello, _identify_calls,
+                                    _norm, _please, _read_args, _rng, _skill, _text)
 
 
 def _preference(c, catalog):

@@ -7,9 +7,9 @@ import re
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family
-from envforge.synth.runtime import (_base_world, BaseEnv, _call, _details, _expected, _frac,
-                                _hello, KEY, _norm, NOUN, OWNER, PLAN, _read_args, REFUSE, _rng,
-                                _skill, _text, TOOLS)
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, REFUSE, TOOLS, _base_world,
+                                    _call, _details, _expected, _frac, _hello, _norm, _read_args,
+                                    _rng, _skill, _text)
 
 
 def _preference(c, catalog):
