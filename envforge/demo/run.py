@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from envforge.errors import UsageError
+from envforge.progress import Progress, Step
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
@@ -75,11 +76,12 @@ class DemoConfig:
         return c
 
 
-class Progress:
-    """Stage lines with elapsed time and an ETA on stderr."""
+class Tracker:
+    """Stage lines with elapsed time and an ETA, sent as ``envforge.progress`` steps (the CLI
+    prints them on stderr; the demo itself never prints)."""
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, progress: Progress | None = None):
+        self.progress = progress
         self.t0 = time.perf_counter()
         self.stage, self.stage_t0 = "", self.t0
         self.last = 0.0
@@ -95,10 +97,13 @@ class Progress:
         self.last = now
         spent = now - self.stage_t0
         eta = spent / done * (total - done) if done else float("nan")
-        self.say(f"{self.stage}: {done}/{total} {what} (stage {spent:.0f}s, ETA {eta:.0f}s)")
+        self.say(f"{self.stage}: {done}/{total} {what} (stage {spent:.0f}s, ETA {eta:.0f}s)",
+                 done, total)
 
-    def say(self, text: str) -> None:
-        print(f"[{time.perf_counter() - self.t0:6.0f}s] {text}", file=self.stream, flush=True)
+    def say(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        if self.progress is not None:
+            self.progress(Step(f"[{time.perf_counter() - self.t0:6.0f}s] {text}", self.stage or None,
+                               done, total))
 
 
 # ============================================================================= the stages
@@ -128,7 +133,7 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random) -> list[li
         return list(ex.map(one, range(len(seeds))))
 
 
-def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
+def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     import torch
 
     from envforge.demo import agent
@@ -232,7 +237,7 @@ def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
 
 
 def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
-              progress: Progress, label: str) -> dict:
+              progress: Tracker, label: str) -> dict:
     from trainers.grpo import GRPOTrainer
     from trainers.policy import load_policy
     progress.begin(f"train {label}", f"{iterations} iterations of 4 x 4 rollouts")
@@ -264,7 +269,8 @@ def summary(scores: list[float]) -> dict:
 # ============================================================================= the run
 
 def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None) -> dict:
-    """Run every stage into ``out``; returns (and writes) results.json's content."""
+    """Run every stage into ``out``; returns (and writes) results.json's content. ``progress``
+    gets a step per stage line (with an ETA within long stages)."""
     import torch
 
     from envforge.demo.target import PLANTED, UNPLANTED, write_target, write_target_folder
@@ -272,7 +278,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     from trainers.calibrate import CalibrationConfig, calibrate
     from trainers.policy import load_policy, set_threads
     from trainers.rollout import EnvFactory
-    progress = progress or Progress()
+    progress = Tracker(progress)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     set_threads(cfg.threads)
