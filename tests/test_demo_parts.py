@@ -116,3 +116,15 @@ def test_tokenizer_round_trips_and_an_id_is_one_token():
     first_turn = tokens[mask.index(1):mask.index(0, mask.index(1))]
     assert len(first_turn) <= 16  # a tool call is a short token sequence
     assert policy.parse(policy.decode(first_turn))["tool_calls"][0]["function"]["arguments"] == '{"ticket_id": "TCK-104"}'
+
+
+def test_demo_usage_errors_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from envforge.cli import main
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    r = CliRunner().invoke(main, ["demo", "--out", str(f)])
+    assert r.exit_code == 2 and f"--out {f} is a file; give a folder" in r.output
+    r = CliRunner().invoke(main, ["demo", "--threads", "0"])
+    assert r.exit_code == 2 and "--threads" in r.output
