@@ -744,6 +744,7 @@ def demo(seed, out_dir, quick, threads):
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     clean(out)
-    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out)
+    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out,
+                       progress=lambda step: click.echo(step.text, err=True))
     print_table(results, sys.stdout)
     click.echo(f"wrote {out / 'results.json'} and {out / 'report.html'}")

@@ -52,6 +52,10 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0, r.output
     assert "iter   2/2" in r.output and "tok/s" in r.output and "constant groups" in r.output
+    # where the time went, and how long the rest will take
+    lines = [line for line in r.output.splitlines() if line.strip().startswith("iter")]
+    assert all("(generate " in line and "env wait " in line and "ETA " in line for line in lines), lines
+    assert lines[-1].rstrip().endswith("ETA 0s")
     out = tmp_path / "adapters" / GOOD_DIR.name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["capability"] == "precondition verification" and manifest["iterations"] == 2
