@@ -84,8 +84,8 @@ from typing import Callable
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, poll_spinning,
-                          write_all)
+from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, cpu_per_call,
+                          poll_spinning, signal_name, write_all)
 
 HERE = Path(__file__).resolve().parent
 CONTEXT = ("Dockerfile", "runner.py", "guards.py")  # the image's files (guards.py where present)
@@ -478,7 +478,8 @@ class ContainerTransport(Transport):
         parts = []
         if state and not state.get("Running"):
             code = state.get("ExitCode")
-            parts.append(f"exit status {code}" + (" (SIGKILL?)" if code == 137 else ""))
+            signalled = f" ({signal_name(code - 128)}?)" if isinstance(code, int) and code > 128 else ""
+            parts.append(f"exit status {code}{signalled}")
             if state.get("OOMKilled"):
                 parts.append("killed by the out-of-memory killer: the container's memory cap "
                              "was reached")
@@ -654,7 +655,8 @@ class DockerBackend(Backend):
                 listener.listen(1)
             created = api.create_container(
                 self.image, stdin_open=not via_socket, tty=False, user="10001:10001",
-                command=(["--connect", SOCKET_PATH] if via_socket else []) + ["--watch"],
+                command=(["--connect", SOCKET_PATH] if via_socket else [])
+                + ["--watch", "--cpu", cpu_per_call(limits)],
                 environment={"PYTHONHASHSEED": str(hash_seed), "LANG": "C.UTF-8",
                              "PATH": "/usr/local/bin:/usr/bin:/bin"},
                 labels={**self.labels, OWNER: owner()},

@@ -290,6 +290,42 @@ def test_the_host_sees_cpu_burned_between_calls_whatever_the_runner_says(attack)
     assert sb.closed
 
 
+# --------------------------------------------------------------------------- CPU per call
+
+BURN = """import signal, time
+try:
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # refused by the filters
+except OSError:
+    pass
+end = time.process_time() + float(action["content"])
+while time.process_time() < end:
+    pass
+"""
+
+
+def burn(sb, seconds: float, timeout: float = 60.0):
+    return sb.call("step", timeout=timeout, instance=0,
+                   action={"role": "assistant", "content": str(seconds)})
+
+
+def test_a_call_uses_no_more_cpu_than_its_time_limit_allows(attack):
+    """The runner lowers its soft RLIMIT_CPU before each call to the CPU it used so far plus
+    the call's time limit (1 s here), rounded up, plus 1 s: a call that burns CPU is ended by
+    the kernel (SIGXCPU; ignoring it is refused) even when the host's wall-clock timeout is far
+    higher, and the error says why. Calls within their limit go on for as long as they come:
+    the limit is per call, not over the sandbox's life (five calls of 0.7 s use 3.5 s)."""
+    sb = attack(env_with(step=BURN + returning("{}")), call_timeout_s=1.0)
+    for _ in range(5):
+        burn(sb, 0.7)
+    t = time.monotonic()
+    with pytest.raises(SandboxCrashed, match="SIGXCPU: the call used more CPU than its time "
+                                             "limit allows"):
+        burn(sb, float("inf"))
+    # at most 1 + 1 + the fraction of a second already used; the machine may be shared
+    assert time.monotonic() - t < 30.0
+    assert sb.closed
+
+
 # --------------------------------------------------------------------------- Docker: stderr
 
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
