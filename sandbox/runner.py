@@ -202,26 +202,33 @@ class Runner:
         # per-call CPU limits (see arm): (seconds for a call, for load), the soft RLIMIT_CPU
         self.cpu = cpu
         self.soft, self.hard = resource.getrlimit(resource.RLIMIT_CPU)
+        self.most = math.inf if self.hard == resource.RLIM_INFINITY else self.hard  # (that is -1)
         if cpu:
             signal.setitimer(ITIMER_PROF, PROF_CLOCK_S)
 
     def arm(self, op, req):
         """Lower the soft RLIMIT_CPU so that this call can use no more CPU than the work asked of
-        it allows: its op's time limit (``--cpu CALL,LOAD``; "resets" adds its max_s), rounded
-        up, plus one second, on top of what the runner used so far; the kernel ends the runner
-        with SIGXCPU past it, whatever the host's wall-clock timeout. What it used so far is
-        read from the kernel's own clock for RLIMIT_CPU (whole ticks: on a busy machine it runs
-        ahead of time.process_time), through an ITIMER_PROF armed far off (PROF_CLOCK_S; its
-        SIGPROF stays blocked): one getitimer per call. The limit is whole seconds, so it
-        changes (a setrlimit) about once per CPU-second used, not per call. The hard limit
-        (``Limits.cpu_s``, over the sandbox's life) stays the backstop."""
-        call_s, load_s = self.cpu
-        budget = load_s if op == "load" else call_s
-        if op == "resets" and type(req.get("max_s")) in (int, float) and req["max_s"] > 0:
-            budget += min(req["max_s"], 1e6)
-        soft = int(PROF_CLOCK_S - getitimer(ITIMER_PROF)[0]) + math.ceil(budget) + 1
-        if self.hard != resource.RLIM_INFINITY:
-            soft = min(soft, self.hard)
+        it allows: what the runner used so far plus its op's time limit (``--cpu CALL,LOAD``;
+        "resets" adds its max_s) plus one to two seconds (the limit is whole seconds); the
+        kernel ends the runner with SIGXCPU past it, whatever the host's wall-clock timeout.
+        What it used so far is read from the kernel's own clock for RLIMIT_CPU (whole ticks: on
+        a busy machine it runs ahead of time.process_time), through an ITIMER_PROF armed far off
+        (PROF_CLOCK_S; its SIGPROF stays blocked): one getitimer per call, about 1.2 µs in all
+        here. The limit changes (a setrlimit) about once per CPU-second used, not per call. The
+        hard limit (``Limits.cpu_s``, over the sandbox's life) stays the backstop. Env code can
+        reach all of this in its own process (raise the soft limit, block SIGXCPU, re-arm
+        ITIMER_PROF); what binds it then is the host's timeout, the idle checks and the hard
+        limit."""
+        if op == "step" or op == "reset":  # the usual case first
+            budget = self.cpu[0]
+        else:
+            budget = self.cpu[1] if op == "load" else self.cpu[0]
+            max_s = req.get("max_s") if op == "resets" else None
+            if type(max_s) in (int, float) and max_s > 0:
+                budget += min(max_s, 1e6)
+        soft = int(PROF_CLOCK_S - getitimer(ITIMER_PROF)[0] + budget) + 2  # > used + budget + 1
+        if soft > self.most:
+            soft = self.most
         if soft != self.soft:
             resource.setrlimit(resource.RLIMIT_CPU, (soft, self.hard))
             self.soft = soft
