@@ -10,7 +10,7 @@ runner is never run from a stale image). Every container gets:
   inside the env (an ``EnvCallError``), under a cgroup cap of that plus the tmpfs plus 32 MiB with
   no swap (the OOM killer is the backstop); pids: at most 64 in the cgroup, and RLIMIT_NPROC 0
   (set by the runner as uid 10001: no process or thread at all); CPU: a quota of ``cpus`` cores
-  and RLIMIT_CPU of ``Limits.cpu_s`` seconds; open files and a 1 MiB file size cap;
+  and RLIMIT_CPU of ``Limits.cpu_s`` seconds (the runner lowers its soft limit per call); open files and a 1 MiB file size cap;
 - a non-root user (uid 10001), every capability dropped, no-new-privileges, a seccomp profile
   of our own (``seccomp_profile``: io_uring, ptrace, user namespaces, TIOCSTI, F_SETOWN/O_ASYNC,
   ... denied), and the ``runtime`` you name, such as gVisor's ``runsc``; an IPC namespace of its
