@@ -5,7 +5,8 @@ sandbox's bwrap, unshare and none, and Docker. A layer that does not work here s
 Each attack is one that got out before (issue 15, issue 18): a host wait with no deadline (the
 env makes every fd it has blocking), typing into a terminal (TIOCSTI), signals to the host
 through a shared file (F_SETOWN/F_SETSIG/O_ASYNC), a thread bomb, kernel surface (io_uring), CPU
-burned between calls, and on Docker stderr that costs dockerd CPU outside the container's cap.
+burned between calls or beyond a call's time limit, and on Docker stderr that costs dockerd CPU
+outside the container's cap.
 """
 from __future__ import annotations
 
