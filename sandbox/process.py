@@ -17,9 +17,9 @@ probed once per host process by running the interpreter behind it (5 s limit).
 - ``none``: no namespaces; seccomp alone isolates, so this layer needs it.
 
 Every layer adds: a clean environment (PYTHONHASHSEED, PATH, LANG), cwd /, a session of its own
-(kill() takes the process group), rlimits (CPU seconds, address space, 1 MiB files, open files,
-no core dumps), no_new_privs; and, when pyseccomp and libseccomp are installed, the runner's
-seccomp filter, loaded before any env code (see runner.py): among others no new process or
+(kill() takes the process group), rlimits (CPU seconds, per call: see runner.py; address space,
+1 MiB files, open files, no core dumps), no_new_privs; and, when pyseccomp and libseccomp are
+installed, the runner's seccomp filter, loaded before any env code (see runner.py): among others no new process or
 thread (root included, whom RLIMIT_NPROC does not bind), no TIOCSTI, no F_SETOWN/F_SETSIG/O_ASYNC
 (signals to the host through a shared pipe). Between calls no env code runs (see ``serve`` in
 runner.py). The runner also sets RLIMIT_NPROC to 0, which binds non-root users only.

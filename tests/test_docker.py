@@ -465,3 +465,37 @@ def test_cli_sandbox_build_and_doctor(tmp_path, image):
     result = CliRunner().invoke(main, ["sandbox", "build", "--base", "envforge-no-such-base:x"])
     assert result.exit_code == 1
     assert "Is envforge-no-such-base:x an image on this engine" in result.output
+
+
+def test_a_remote_engine_has_no_host_side_cpu_reading():
+    """The host reads a container's CPU from its cgroup only when the engine is local: the pid
+    the engine reports must be a process here inside that container's cgroup. A remote engine
+    cannot run here; a stand-in for its API (the one mock of this file) reports the pid of a
+    process of this machine that is in no container (this one), which must not be taken for it."""
+    from sandbox.docker import ContainerTransport
+
+    class RemoteEngine:
+        def inspect_container(self, container_id):
+            return {"State": {"Pid": os.getpid(), "Running": True}}
+
+        def remove_container(self, container_id, force=False):
+            pass
+
+    transport = ContainerTransport(RemoteEngine(), "0123456789ab" * 5 + "abcd")
+    transport.find_cpu_file()
+    assert transport.cpu_file is None and transport.cpu_seconds() is None
+    transport.kill()
+
+
+def test_a_local_engine_reads_the_container_cpu_from_its_cgroup(make):
+    """On the local engine here the container's cgroup counter is found, and it grows with the
+    CPU the env uses during a call (1 s burnt: 0.8 s at least is counted)."""
+    sb = make(env_with(step="import time\nend = time.process_time() + 1.0\n"
+                            "while time.process_time() < end:\n    pass\n" + returning("{}")),
+              call_timeout_s=5.0)
+    sb.new()
+    sb.reset(0, 1)
+    before = sb.transport.cpu_seconds()
+    assert before is not None, "the container's cgroup CPU counter was not found"
+    sb.call("step", timeout=60, instance=0, action={"role": "assistant", "content": "go"})
+    assert sb.transport.cpu_seconds() - before >= 0.8

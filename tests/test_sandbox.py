@@ -867,3 +867,36 @@ def test_line_buffer_cuts_lines_however_they_arrive():
     buf += b"0123456789"                     # growing past the limit without a newline
     with pytest.raises(SandboxProtocolError, match="longer than 5 bytes"):
         buf.pop_line(5)
+
+
+ARM = """
+import json, resource, sys
+sys.path.insert(0, {repo!r})
+from sandbox.runner import Runner
+resource.setrlimit(resource.RLIMIT_CPU, (300, 300))
+r, soft = Runner({{}}, (1.5, 10.0)), {{}}
+for op, req in (("step", {{}}), ("load", {{}}), ("resets", {{"max_s": 20}}),
+                ("resets", {{"max_s": "a lot"}}), ("resets", {{"max_s": 1e9}})):
+    r.arm(op, req)
+    soft[op + str(req.get("max_s", ""))] = resource.getrlimit(resource.RLIMIT_CPU)
+print(json.dumps(soft))
+"""
+
+
+def test_the_runner_arms_a_cpu_limit_per_call_from_the_work_asked():
+    """Runner.arm (in a child process: it lowers that process's RLIMIT_CPU): the soft limit is
+    the CPU used so far (well under a second here) plus the op's time limit plus one to two
+    seconds; "resets" adds its max_s when it is a number; the hard limit (300) caps it and is
+    never changed."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", ARM.format(repo=str(Path(__file__).parents[1]))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    soft = json.loads(out.stdout)
+    assert soft["step"] in ([3, 300], [4, 300])           # 1.5 s + 1-2 s, from under 1 s used
+    assert soft["load"] in ([12, 300], [13, 300])         # 10 s + 1-2 s
+    assert soft["resets20"] in ([23, 300], [24, 300])     # 1.5 + 20 s + 1-2 s
+    assert soft["resetsa lot"] == soft["step"]            # not a number: the call's limit alone
+    assert soft["resets1000000000.0"] == [300, 300]       # capped by the hard limit
