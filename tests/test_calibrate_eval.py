@@ -155,3 +155,36 @@ def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():
     assert routes[1] == {"env": "e", "seed": 1, "choice": "none", "probabilities": None,
                          "error": "reset: boom"}
     assert routes[0]["choice"] == "a" and "error" not in routes[0]
+
+
+def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(hermes_dir, env_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    args = [sys.executable, "-m", "envforge", "train", str(env_dir), "--model", str(hermes_dir),
+            "--out", str(tmp_path / "adapters"), "--groups", "1", "--group-size", "2", "--rank", "4",
+            "--max-new-tokens", "4", "--threads", "1", "--backend", "process"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    p = subprocess.Popen(args + ["--iterations", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, cwd=tmp_path)
+    try:
+        for line in p.stdout:
+            if line.startswith("  iter   2/"):
+                break
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    checkpoint = tmp_path / "adapters" / "brevity" / "checkpoint"
+    assert p.returncode == 130, err
+    done = json.loads((checkpoint / "state.json").read_text())["iteration"]
+    assert done >= 2 and err.endswith(
+        f"interrupted: {checkpoint} holds {done} finished iteration(s); run the same command again "
+        "to resume from there (--no-resume starts afresh)\n"), err
+    assert "Traceback" not in err
+    r = subprocess.run(args + ["--iterations", str(done + 1)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and f"resumed at iteration {done}" in r.stdout, r.stdout + r.stderr
