@@ -24,7 +24,7 @@ def demo_run(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "envforge", "demo", "--quick", "--seed", "0",
                            "--threads", "1", "--out", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc
 

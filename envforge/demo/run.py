@@ -44,7 +44,7 @@ class DemoConfig:
     threads: int = field(default=1, metadata={"help": "torch intra-op threads (1: fastest on a busy CPU)."})
     # the base agent
     demonstrations: int = 600
-    sft_epochs: int = 16
+    sft_epochs: int = 20
     sft_lr: float = 3e-3
     hidden: int = 128
     layers: int = 2
@@ -71,7 +71,7 @@ class DemoConfig:
             raise UsageError(f"--threads must be at least 1, got {threads}")
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 300, 6, 120, 150
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 300, 20, 120, 150
             c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
         return c
 
