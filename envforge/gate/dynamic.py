@@ -645,6 +645,9 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
                          "runs out of memory. Forget the last episode on reset.")
 
 
+_GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|find", re.I)
+
+
 def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
                 findings: Findings, stats: dict, draws: Draws) -> list[Episode]:
     """Does the env test its capability? Probes built from the reference solution: its words
@@ -689,13 +692,12 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                     rec[1] += 1
                     if ep.ok and ep.score < e.score - 1e-6:
                         contrast.append(ep)
-    for (name, key), (lowered, n, seed) in tried.items():
-        if not lowered and n >= 2:
-            findings.add("partial_credit", f"changing the argument {key!r} of the {kinds.get(name) or 'tool'} {name} in the "
-                         f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
-                         "checks it, so the agent learns nothing about getting it right.",
-                         key=("unchecked", name, key))
-    # each read tool removed in turn (for every env: a capability's name says nothing)
+    # each read tool removed in turn. A read the reward does not need is fine in general (an
+    # argument-precision env may require authentication and score only the write); for a
+    # capability about gathering or checking, a read the reward pays for as if it had been made,
+    # while it needs another, is a finding. Any env: a read it needs may not be credited whatever
+    # its argument (changed-argument probe above).
+    credited, free = set(), []
     for tool in sorted({c["function"]["name"] for e in solved for a in e.actions
                         for c in a.get("tool_calls") or [] if kinds.get(c["function"]["name"]) == "read"}):
         kept, lowered = 0, False
@@ -708,10 +710,34 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             lowered |= not ep.ok or ep.score < e.score - 1e-6
             if lowered or kept >= 4:
                 break
+        if lowered:
+            credited.add(tool)
+        elif kept >= 2:
+            free.append((tool, kept))
+    gathering = _GATHERING.search(str(host.meta.get("capability") or ""))
+    for tool, kept in free if credited and gathering else []:
+        findings.add("free_reward", f"the reference without its {tool} calls still earns the full score "
+                     f"({kept} seeds), while leaving out {sorted(credited)[0]} lowers it: the reward pays "
+                     f"for the reads it checks, so {tool} must be needed too (or credit no read).",
+                     key=("reads removed", tool))
+    if gathering and free and not credited:  # no read needed at all: all of them removed at once
+        kept, lowered = 0, False
+        for e in sample[:6]:
+            plan = _without_reads(e.actions, kinds)
+            if plan is not None:
+                ep = host.episode("a", e.seed, scripted(plan), "reads removed")
+                kept += 1
+                lowered |= not ep.ok or ep.score < e.score - 1e-6
         if kept >= 2 and not lowered:
-            findings.add("free_reward", f"the reference without its {tool} calls still earns the full "
-                         f"score ({kept} seeds): a read the reward credits must be needed; the score must "
-                         "depend on the information the reads return.", key=("reads removed", tool))
+            findings.add("free_reward", f"the reference with its reads removed still earns the full score "
+                         f"({kept} seeds): a capability about {gathering.string!r} must need the "
+                         "information the reads return.")
+    for (name, key), (lowered, n, seed) in tried.items():
+        if not lowered and n >= 2 and (kinds.get(name) != "read" or name in credited):
+            findings.add("partial_credit", f"changing the argument {key!r} of the {kinds.get(name) or 'tool'} {name} in the "
+                         f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
+                         "checks it, so the agent learns nothing about getting it right.",
+                         key=("unchecked", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
     probes.argument_probes(host, solved, by_name, draws, settings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)

@@ -113,19 +113,20 @@ def _say(text: str):
 
 
 def parallel_reference(host, solved: list, draws) -> None:
-    """The reference with its tool calls merged into as few messages as possible (several calls a
-    message, as LLMs send): ``Host.episode`` checks each step's and the episode's reward bounds."""
+    """The reference with each pair of consecutive tool-call messages merged into one (several
+    calls a message, as LLMs send): ``Host.episode`` checks each step's and the episode's reward
+    bounds (a bonus per such message must not lift a total above 1)."""
     for e in draws.rng.sample(solved, min(3, len(solved))):
-        plan, calls = [], []
+        plan: list = []
         for a in e.actions:
-            calls += a.get("tool_calls") or []
-            if (a.get("content") or "").strip() and calls:
-                plan.append(assistant(None, calls))
-                calls = []
-            if (a.get("content") or "").strip():
-                plan.append(assistant(a["content"]))
-        if calls:
-            plan.append(assistant(None, calls))
+            last = plan[-1] if plan else None
+            if (a.get("tool_calls") and last is not None and last.get("tool_calls")
+                    and not last.get("merged")):
+                text = " ".join(x for x in (last.get("content"), a.get("content")) if x) or None
+                plan[-1] = {**assistant(text, last["tool_calls"] + a["tool_calls"]), "merged": True}
+            else:
+                plan.append(a)
+        plan = [{k: v for k, v in a.items() if k != "merged"} for a in plan]
         if len(plan) < len(e.actions):
             host.episode("a", e.seed, _scripted(plan), "several calls a message")
 
