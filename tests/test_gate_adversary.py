@@ -46,13 +46,14 @@ def test_process_wide_decimal_context_is_not_reachable():
     assert audit_static(with_code("d = decimal.Decimal('1.5')", src)).ok
 
 
-@pytest.mark.parametrize("pattern", [r"(-+)+$", r"(a*)*b", r"^(\s*\w+)*$", r"(x{2,9})+"])
+@pytest.mark.parametrize("pattern", [r"(-+)+$", r"(a*)*b", r"^([a-z]+)*$", r"(?:\w+)+"])
 def test_nested_quantifiers_in_a_regex_literal_are_a_bounded_finding(pattern):
     src = variant("import random\n", "import random\nimport re\n")
     rejects(with_code(f"m = re.match({pattern!r}, 'x')", src), "bounded", "backtracks exponentially")
 
 
-@pytest.mark.parametrize("pattern", [r"(\d+,)*\d+", r"^(\w+)\s", r"(?:ab)+", r"\(a+\)+", r"[a-z]+-\d+"])
+@pytest.mark.parametrize("pattern", [r"(\d+,)*\d+", r"^(\w+)\s", r"(?:ab)+", r"\(a+\)+", r"[a-z]+-\d+",
+                                     r"\$?(\d{1,3}(?:,\d{3})+|\d+)", r"(x{2,9})+"])
 def test_plain_regexes_are_fine(pattern):
     src = variant("import random\n", "import random\nimport re\n")
     assert audit_static(with_code(f"m = re.match({pattern!r}, 'x')", src)).ok
@@ -187,6 +188,7 @@ def test_literals_are_the_envs_own_short_words():
     ("sms", {"enum": ["sms", "email"]}, ['{"email": "a@b.c"}', "reset my password"], True),
     ("sms", {"enum": ["sms", "email"]}, ["send it by SMS please"], False),
     ("email", {"enum": ["sms", "email"]}, ["use my email"], False),
+    ("hr_portal", {"enum": ["hr_portal", "wiki"]}, ['{"system": "hr_portal"}'], False),
     ("x", {}, ["nothing"], False),  # free strings are the string rule's, not this one's
 ])
 def test_hidden_numbers_and_enum_choices(value, schema, messages, hidden):

@@ -679,8 +679,8 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
             for j, call in enumerate(a.get("tool_calls") or []):
                 name = call["function"]["name"]
                 args = _json_args(call)
-                if kinds.get(name) == "escalation" or not args:
-                    continue
+                if kinds.get(name) in ("read", "escalation") or not args:
+                    continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
@@ -694,35 +694,12 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                     rec[1] += 1
                     if ep.ok and ep.score < e.score - 1e-6:
                         contrast.append(ep)
-    # each read tool removed in turn. A read the reward does not need is fine in general (an
-    # argument-precision env may require authentication and score only the write); for a
-    # capability about gathering or checking, a read the reward pays for as if it had been made,
-    # while it needs another, is a finding. Any env: a read it needs may not be credited whatever
-    # its argument (changed-argument probe above).
-    credited, free = set(), []
-    for tool in sorted({c["function"]["name"] for e in solved for a in e.actions
-                        for c in a.get("tool_calls") or [] if kinds.get(c["function"]["name"]) == "read"}):
-        kept, lowered = 0, False
-        for e in solved:
-            plan = _without_reads(e.actions, {tool: "read"})
-            if plan is None:
-                continue
-            ep = host.episode("a", e.seed, scripted(plan), f"{tool} removed")
-            kept += 1
-            lowered |= not ep.ok or ep.score < e.score - 1e-6
-            if lowered or kept >= 4:
-                break
-        if lowered:
-            credited.add(tool)
-        elif kept >= 2:
-            free.append((tool, kept))
+    # reads removed, for capabilities about gathering or checking. Removing one read tool at a
+    # time was tried (issue 15's red team): good template envs credit the record read but not
+    # the look-up that finds it (the reference knows the id), which looks the same from outside
+    # as an env that credits a read it never needed; so all reads are removed at once.
     gathering = _GATHERING.search(str(host.meta.get("capability") or ""))
-    for tool, kept in free if credited and gathering else []:
-        findings.add("free_reward", f"the reference without its {tool} calls still earns the full score "
-                     f"({kept} seeds), while leaving out {sorted(credited)[0]} lowers it: the reward pays "
-                     f"for the reads it checks, so {tool} must be needed too (or credit no read).",
-                     key=("reads removed", tool))
-    if gathering and free and not credited:  # no read needed at all: all of them removed at once
+    if gathering:
         kept, lowered = 0, False
         for e in sample[:6]:
             plan = _without_reads(e.actions, kinds)
@@ -735,8 +712,8 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                          f"({kept} seeds): a capability about {gathering.string!r} must need the "
                          "information the reads return.")
     for (name, key), (lowered, n, seed) in tried.items():
-        if not lowered and n >= 2 and (kinds.get(name) != "read" or name in credited):
-            findings.add("partial_credit", f"changing the argument {key!r} of the {kinds.get(name) or 'tool'} {name} in the "
+        if not lowered and n >= 2:
+            findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
                          f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
                          "checks it, so the agent learns nothing about getting it right.",
                          key=("unchecked", name, key))
@@ -900,7 +877,7 @@ def _unobserved_value(value: Any, schema: Any, raw: list[str]) -> Any:
     words appear as a word (JSON keys such as ``"email":`` do not count; the caller leaves the
     system prompt out for enums, which lists every choice). Returns the value, or None when it
     was seen (or is not of those kinds)."""
-    text = re.sub(r'"[^"\n]{1,40}"\s*:', " ", "\n".join(raw)).lower()
+    text = re.sub(r'"[^"\n]{1,40}"\s*:', " ", "\n".join(raw)).lower().replace("_", " ")
     enum = schema.get("enum") if isinstance(schema, dict) else None
     if isinstance(value, bool) or value is None:
         return None

@@ -679,7 +679,7 @@ def check_format_values(m: _Module):
                       "time; call .format() directly on a string literal, or use an f-string")
 
 
-_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[+*}]\)[+*{]")
+_NESTED_QUANTIFIER = re.compile(r"\((?:\?:)?(?:\\.|\[[^\]]*\]|[^()\\])[+*]\)[+*{]")
 
 
 def check_regexes(m: _Module):
