@@ -28,7 +28,7 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, InputError, SandboxUnavailable, UsageError
+from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
 from envforge.identify import report as identify_report
@@ -40,7 +40,7 @@ from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
 from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
-from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
+from trainers.evaluate import EvalConfig, parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
 
 BACKENDS = ("auto", "process", "docker")  # the sandboxes a command line may ask for
@@ -654,11 +654,11 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
 @click.option("--adapters", "-a", required=True, help="A folder of adapters (as `envforge train` writes).")
 @click.option("--task", "tasks", multiple=True, help="A task text (repeatable).")
 @click.option("--tasks", "tasks_file", help="A file of tasks: one per line, or JSONL with a \"task\" field.")
-@click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
-              help="Examples per capability shown to the router.")
+@option(EvalConfig, "examples", help="Examples per capability shown to the router.")
 @threads_option
-def route(model, adapters, tasks, tasks_file, examples, threads):
+def route(model, adapters, tasks, tasks_file, threads, **kwargs):
     """Pick an adapter (or none) per task from the base model's label-token logits; JSON out."""
+    config = settings(EvalConfig, kwargs)
     texts = list(tasks) + (read_task_texts(tasks_file) if tasks_file else [])
     if not texts:
         raise UsageError("give --task TEXT or --tasks FILE")
@@ -666,7 +666,7 @@ def route(model, adapters, tasks, tasks_file, examples, threads):
     from trainers.policy import set_threads
     from trainers.router import Router
     set_threads(threads)
-    router = Router.load(_model(model), adapters, examples=examples)
+    router = Router.load(_model(model), adapters, examples=config.examples)
     emit_json([router.route(t) for t in texts])
 
 
@@ -678,15 +678,13 @@ def route(model, adapters, tasks, tasks_file, examples, threads):
 @click.option("--merge", is_flag=True, help="With --adapters: merge them into one instead of routing.")
 @click.option("--seeds", default="0-19", show_default=True, help="Env seeds: 'A-B' or 'a,b,c'.")
 @click.option("--tasks", "tasks_file", help="Instead of ENV: a JSON/JSONL list of {\"env\", \"seed\"}.")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0: greedy.")
-@click.option("--examples", type=click.IntRange(0, 10), default=2, show_default=True,
-              help="Routed --adapters: examples per capability shown to the router.")
+@option(EvalConfig, "max_new_tokens")
+@option(EvalConfig, "temperature")
+@option(EvalConfig, "examples")
 @json_option
-@backend_option()
+@option(EvalConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
-def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_tokens, temperature,
-          examples, as_json, backend, threads):
+def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, threads, **kwargs):
     """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
     --adapter, routed --adapters, or --adapters --merge."""
     if adapter and adapters:
@@ -695,6 +693,7 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_token
         raise UsageError("--merge needs --adapters (the folder of adapters to merge)")
     if not tasks_file and not env:
         raise UsageError("give ENV or --tasks FILE")
+    config = settings(EvalConfig, kwargs)
     tasks = read_tasks(tasks_file) if tasks_file else [{"env": env, "seed": s} for s in parse_seeds(seeds)]
     _adapter(adapter)
     _need_train_extra()
@@ -705,11 +704,10 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, max_new_token
     if adapters and merge:
         policy = merged_policy(_model(model), adapters)
     elif adapters:
-        policy = RoutedPolicy.load(_model(model), adapters, examples=examples)
+        policy = RoutedPolicy.load(_model(model), adapters, examples=config.examples)
     else:
         policy = load_policy(_model(model), adapter=adapter)
-    result = evaluate(policy, tasks, max_new_tokens=max_new_tokens, temperature=temperature,
-                      backend=backend)
+    result = evaluate(policy, tasks, config)
     if as_json:
         emit_json(result.to_dict())
         return
@@ -746,6 +744,7 @@ def demo(seed, out_dir, quick, threads):
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     clean(out)
-    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out)
+    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out,
+                       progress=lambda step: click.echo(step.text, err=True))
     print_table(results, sys.stdout)
     click.echo(f"wrote {out / 'results.json'} and {out / 'report.html'}")

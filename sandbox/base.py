@@ -29,6 +29,7 @@ import json
 import math
 import os
 import select
+import signal
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -53,6 +54,24 @@ def spin_allowed() -> bool:
     (each spins on the host and its runner works); beyond, spinning steals the CPU that the
     sandboxes need, and blocking is faster."""
     return len(_busy) <= _SPIN_MAX
+
+
+def cpu_per_call(limits: Limits) -> str:
+    """The runner's ``--cpu CALL,LOAD``: the CPU seconds a call and a load may use (their time
+    limits; see ``Runner.arm`` in runner.py)."""
+    return f"{limits.call_timeout_s:g},{limits.load_timeout_s:g}"
+
+
+def signal_name(number: int) -> str:
+    """A signal's name, and what it means when the sandbox's own limits sent it."""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    if number == signal.SIGXCPU:
+        name += (": the call used more CPU than its time limit allows (the runner's per-call "
+                 "RLIMIT_CPU)")
+    return name
 
 
 def calls_in_flight() -> int:

@@ -10,7 +10,7 @@ runner is never run from a stale image). Every container gets:
   inside the env (an ``EnvCallError``), under a cgroup cap of that plus the tmpfs plus 32 MiB with
   no swap (the OOM killer is the backstop); pids: at most 64 in the cgroup, and RLIMIT_NPROC 0
   (set by the runner as uid 10001: no process or thread at all); CPU: a quota of ``cpus`` cores
-  and RLIMIT_CPU of ``Limits.cpu_s`` seconds; open files and a 1 MiB file size cap;
+  and RLIMIT_CPU of ``Limits.cpu_s`` seconds (the runner lowers its soft limit per call); open files and a 1 MiB file size cap;
 - a non-root user (uid 10001), every capability dropped, no-new-privileges, a seccomp profile
   of our own (``seccomp_profile``: io_uring, ptrace, user namespaces, TIOCSTI, F_SETOWN/O_ASYNC,
   ... denied), and the ``runtime`` you name, such as gVisor's ``runsc``; an IPC namespace of its
@@ -18,6 +18,9 @@ runner is never run from a stale image). Every container gets:
 - a watcher as its first process (``watch`` in runner.py), out of the env's reach: it kills the
   runner when the host hangs up, and drains the runner's stderr inside the container's CPU cap
   (so output cannot make dockerd burn CPU outside it);
+- on a local engine, the host's idle-CPU check (``Sandbox._check_idle``) reads the container's
+  cgroup CPU counter directly (``find_cpu_file``), out of the env's reach; a remote engine has
+  only the runner's own check;
 - no log driver (output cannot fill the host's disk); the labels ``envforge.sandbox=1``,
   ``envforge.owner`` (``owner()``: hostname, boot id, pid namespace, pid and start time) and any
   given, so leftovers can be found and removed.
@@ -81,8 +84,8 @@ from typing import Callable
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, poll_spinning,
-                          write_all)
+from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, cpu_per_call,
+                          poll_spinning, signal_name, write_all)
 
 HERE = Path(__file__).resolve().parent
 CONTEXT = ("Dockerfile", "runner.py", "guards.py")  # the image's files (guards.py where present)
@@ -295,7 +298,48 @@ class ContainerTransport(Transport):
         self._frames, self._out, self._err = bytearray(), LineBuffer(), bytearray()
         self._eof = self._killed = self._attach_eof = False
         self.sock_dir: str | None = None
+        self.cpu_file: str | None = None  # the container's cgroup CPU counter (find_cpu_file)
         _LIVE.add(self)
+
+    def find_cpu_file(self) -> None:
+        """On a local engine, the file where the kernel counts the CPU time of the container's
+        cgroup (cgroup v2 ``cpu.stat``, v1 ``cpuacct.usage``), found through /proc of its first
+        process, to be read from the host, outside the env's reach. None when the engine is
+        remote (its pid is no process here that lives in this container's cgroup)."""
+        try:
+            pid = self.api.inspect_container(self.id)["State"]["Pid"]
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except Exception:
+            return
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if self.id not in path:  # a process of this machine, not of this container
+                continue
+            path = path.lstrip("/")
+            if controllers == "":  # cgroup v2 (or v1's unified tree)
+                found = [f"/sys/fs/cgroup/{path}/cpu.stat", f"/sys/fs/cgroup/unified/{path}/cpu.stat"]
+            elif "cpuacct" in controllers.split(","):
+                found = [f"/sys/fs/cgroup/{controllers}/{path}/cpuacct.usage"]
+            else:
+                continue
+            for file in found:
+                self.cpu_file = file
+                if self.cpu_seconds() is not None:
+                    return
+        self.cpu_file = None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the container's cgroup has used so far (None without ``cpu_file``)."""
+        if self.cpu_file is None:
+            return None
+        try:
+            with open(self.cpu_file, "rb") as f:
+                text = f.read()
+        except OSError:
+            return None
+        if text.startswith(b"usage_usec"):  # cgroup v2's cpu.stat: microseconds
+            return int(text.split(None, 2)[1]) / 1e6
+        return int(text) / 1e9 if text.strip().isdigit() else None  # v1's cpuacct.usage: ns
 
     def attach(self, stdin: bool) -> None:
         """Open the attach stream (before the container starts: no output is missed)."""
@@ -434,7 +478,8 @@ class ContainerTransport(Transport):
         parts = []
         if state and not state.get("Running"):
             code = state.get("ExitCode")
-            parts.append(f"exit status {code}" + (" (SIGKILL?)" if code == 137 else ""))
+            signalled = f" ({signal_name(code - 128)}?)" if isinstance(code, int) and code > 128 else ""
+            parts.append(f"exit status {code}{signalled}")
             if state.get("OOMKilled"):
                 parts.append("killed by the out-of-memory killer: the container's memory cap "
                              "was reached")
@@ -610,7 +655,8 @@ class DockerBackend(Backend):
                 listener.listen(1)
             created = api.create_container(
                 self.image, stdin_open=not via_socket, tty=False, user="10001:10001",
-                command=(["--connect", SOCKET_PATH] if via_socket else []) + ["--watch"],
+                command=(["--connect", SOCKET_PATH] if via_socket else [])
+                + ["--watch", "--cpu", cpu_per_call(limits)],
                 environment={"PYTHONHASHSEED": str(hash_seed), "LANG": "C.UTF-8",
                              "PATH": "/usr/local/bin:/usr/bin:/bin"},
                 labels={**self.labels, OWNER: owner()},
@@ -644,6 +690,7 @@ class DockerBackend(Backend):
                 _cleanup(listener, sock_dir)  # the container keeps its (now empty) mount
             if not sandbox.ping(timeout=limits.load_timeout_s):
                 raise SandboxProtocolError("the runner's first ping was not answered 'pong'")
+            transport.find_cpu_file()
         except BaseException as e:  # Ctrl-C included: nothing of this container may stay
             _cleanup(listener, None)
             sandbox.kill()

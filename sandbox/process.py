@@ -70,7 +70,7 @@ from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
 from sandbox.base import (SPIN_S, Backend, LineBuffer, Sandbox, Transport, calls_in_flight,
-                          check_hash_seed, poll_spinning, write_all)
+                          check_hash_seed, cpu_per_call, poll_spinning, signal_name, write_all)
 from sandbox.runner import BELL, SHM_CAPACITY, SHM_HEADER, SHM_OVERSIZE, SHM_REGION
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
@@ -210,9 +210,9 @@ class PipeTransport(Transport):
             status = self._status()
         parts = []
         if status is not None and status < 0:
-            parts.append(f"killed by {_signal_name(-status)}")
+            parts.append(f"killed by {signal_name(-status)}")
         elif status is not None and status > 128:  # a wrapper reporting its child's signal
-            parts.append(f"exit status {status} ({_signal_name(status - 128)}?)")
+            parts.append(f"exit status {status} ({signal_name(status - 128)}?)")
         elif status is not None:
             parts.append(f"exit status {status}")
         tail = self._stderr_tail()
@@ -313,13 +313,6 @@ class SharedTransport(PipeTransport):
 
 
 # --------------------------------------------------------------------------- starting runners
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
 
 def _rlimits(limits: Limits) -> list[tuple[int, int]]:
     wanted = [(resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_mb * MIB),
@@ -549,7 +542,8 @@ class ProcessBackend(Backend):
             raise SandboxUnavailable(why)
         check_hash_seed(hash_seed)
         layer, prefix, _, sec_on, _ = self._plan()
-        argv = prefix + [sys.executable, "-s", "-B", RUNNER] + (["--seccomp"] if sec_on else [])
+        argv = prefix + [sys.executable, "-s", "-B", RUNNER, "--cpu", cpu_per_call(limits)] + (
+            ["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()
         mem, fds, bells = None, (), ()
         if self.shared:

@@ -1,7 +1,7 @@
 """The in-sandbox runner: loads one untrusted ``env.py`` and answers the host's requests.
 
-Started as ``python -s -B runner.py [--seccomp] [--shm MEM,BELL_IN,BELL_OUT] [--connect PATH]
-[--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
+Started as ``python -s -B runner.py [--seccomp] [--cpu CALL,LOAD] [--shm MEM,BELL_IN,BELL_OUT]
+[--connect PATH] [--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
 only; ``pyseccomp`` is used when asked for. It speaks the line protocol of ``sandbox/base.py``:
 one JSON request per line on stdin, one JSON reply per line on the original stdout (ops: load,
 new, reset, step, solve, ping, stats, and the gate's batch "resets"); with ``--shm``, the same
@@ -20,8 +20,10 @@ container's first process (see ``watch``). Before any env code runs it
   terminals and having the kernel signal someone on I/O: see KERNEL, DENY, ARGUMENT_RULES). If it
   cannot, it exits with status 3.
 - sets RLIMIT_NPROC to 0: running as a non-root user it can start no process or thread.
-- blocks every signal (see ``serve``): no env code runs between calls, and CPU used while idle
-  ends the runner (exit status 4).
+- blocks every signal but SIGXCPU (see ``serve``): no env code runs between calls, and CPU
+  used while idle ends the runner (exit status 4).
+- with ``--cpu CALL,LOAD``, lowers its soft RLIMIT_CPU before each call so that the call can use
+  no more CPU than its time limit allows (see ``Runner.arm``): past it, SIGXCPU ends it.
 
 Every call into env code is wrapped so that any exception (SystemExit, MemoryError,
 RecursionError included) becomes an error reply, and every value is checked to survive
@@ -74,7 +76,8 @@ O_ASYNC = 0o20000
 #: mask == value: what lets a process reach the host through a file it shares with it. TIOCSTI
 #: and TIOCLINUX type into a terminal; F_SETOWN, F_SETOWN_EX, F_SETSIG, O_ASYNC, FIOASYNC,
 #: FIOSETOWN and SIOCSPGRP make the kernel signal a process of one's choosing on I/O; a new user
-#: namespace is new kernel surface; unblocking signals would let env code run between calls.
+#: namespace is new kernel surface; unblocking signals would let env code run between calls, and
+#: a handler for SIGXCPU would keep the per-call CPU limit from ending the runner.
 ARGUMENT_RULES = (
     ("ioctl", ((1, LOW32, 0x5412),)),   # TIOCSTI
     ("ioctl", ((1, LOW32, 0x541C),)),   # TIOCLINUX
@@ -88,6 +91,7 @@ ARGUMENT_RULES = (
     ("clone", ((0, 0x10000000, 0x10000000),)),  # CLONE_NEWUSER
     ("rt_sigprocmask", ((0, LOW32, 1),)),  # SIG_UNBLOCK: signals stay blocked (see serve)
     ("rt_sigprocmask", ((0, LOW32, 2),)),  # SIG_SETMASK
+    ("rt_sigaction", ((0, LOW32, 24),)),   # SIGXCPU: the per-call CPU limit ends the runner
 )
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 COMPACT = (",", ":")
@@ -186,11 +190,48 @@ def round_trip(value):
         return None
 
 
+PROF_CLOCK_S = 1e8  # (see Runner.arm) an ITIMER_PROF this far off reads the kernel's CPU clock
+ITIMER_PROF, getitimer = signal.ITIMER_PROF, signal.getitimer
+
+
 class Runner:
-    def __init__(self, sandbox_info):
+    def __init__(self, sandbox_info, cpu=None):
         self.sandbox_info, self.module, self.env_cls = sandbox_info, None, None
         self.instances, self.filename = [], "env.py"
         self.times = []  # seconds each answer took since the last "stats" (None: answering one)
+        # per-call CPU limits (see arm): (seconds for a call, for load), the soft RLIMIT_CPU
+        self.cpu = cpu
+        self.soft, self.hard = resource.getrlimit(resource.RLIMIT_CPU)
+        self.most = math.inf if self.hard == resource.RLIM_INFINITY else self.hard  # (that is -1)
+        if cpu:
+            signal.setitimer(ITIMER_PROF, PROF_CLOCK_S)
+
+    def arm(self, op, req):
+        """Lower the soft RLIMIT_CPU so that this call can use no more CPU than the work asked of
+        it allows: what the runner used so far plus its op's time limit (``--cpu CALL,LOAD``;
+        "resets" adds its max_s) plus one to two seconds (the limit is whole seconds); the
+        kernel ends the runner with SIGXCPU past it, whatever the host's wall-clock timeout.
+        What it used so far is read from the kernel's own clock for RLIMIT_CPU (whole ticks: on
+        a busy machine it runs ahead of time.process_time), through an ITIMER_PROF armed far off
+        (PROF_CLOCK_S; its SIGPROF stays blocked): one getitimer per call, about 1.2 µs in all
+        here. The limit changes (a setrlimit) about once per CPU-second used, not per call. The
+        hard limit (``Limits.cpu_s``, over the sandbox's life) stays the backstop. Env code can
+        reach all of this in its own process (raise the soft limit, block SIGXCPU, re-arm
+        ITIMER_PROF); what binds it then is the host's timeout, the idle checks and the hard
+        limit."""
+        if op == "step" or op == "reset":  # the usual case first
+            budget = self.cpu[0]
+        else:
+            budget = self.cpu[1] if op == "load" else self.cpu[0]
+            max_s = req.get("max_s") if op == "resets" else None
+            if type(max_s) in (int, float) and max_s > 0:
+                budget += min(max_s, 1e6)
+        soft = int(PROF_CLOCK_S - getitimer(ITIMER_PROF)[0] + budget) + 2  # > used + budget + 1
+        if soft > self.most:
+            soft = self.most
+        if soft != self.soft:
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, self.hard))
+            self.soft = soft
 
     def call(self, fn, *args):
         """Run env code; any exception becomes an "env" failure with the env's own frames."""
@@ -239,6 +280,8 @@ class Runner:
     def handle(self, req):
         """The JSON text of the reply's value for one request."""
         op = req.get("op")
+        if self.cpu:
+            self.arm(op, req)
         if op == "ping":
             return '"pong"'
         if op == "stats":
@@ -512,7 +555,8 @@ PR_SET_DUMPABLE = 4
 
 
 def serve(channel, runner):
-    """Answer requests until the host hangs up. No env code runs between calls: every signal is
+    """Answer requests until the host hangs up. No env code runs between calls: every signal but
+    SIGXCPU (the per-call CPU limit's, see ``Runner.arm``; the filters deny handling it) is
     blocked before any env code runs, for good (the filters deny unblocking them: an env's timers
     and handlers never run), and trace, profile and gc hooks are dropped after each call. What
     is left shows on the runner's CPU clock, read after each reply and as the next request
@@ -521,7 +565,7 @@ def serve(channel, runner):
     # locals, bound before any env code runs: env code can rebind the module's names, not these
     answer, reply, cpu, limit = runner.answer, channel.reply, time.process_time, IDLE_CPU_S
     write, exit_, clear_hooks = os.write, os._exit, gc.callbacks.clear
-    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {signal.SIGXCPU})
     idle_since = cpu()
     for line in channel.requests():
         idle = cpu() - idle_since
@@ -632,7 +676,8 @@ def main(argv):
             os.write(2, f"runner: cannot install the seccomp filter: {e!r}\n".encode())
             os._exit(3)
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    serve(channel, Runner(info))
+    cpu = tuple(map(float, argv[argv.index("--cpu") + 1].split(","))) if "--cpu" in argv else None
+    serve(channel, Runner(info, cpu))
     os._exit(0)
 
 

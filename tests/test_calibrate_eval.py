@@ -52,6 +52,10 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0, r.output
     assert "iter   2/2" in r.output and "tok/s" in r.output and "constant groups" in r.output
+    # where the time went, and how long the rest will take
+    lines = [line for line in r.output.splitlines() if line.strip().startswith("iter")]
+    assert all("(generate " in line and "env wait " in line and "ETA " in line for line in lines), lines
+    assert lines[-1].rstrip().endswith("ETA 0s")
     out = tmp_path / "adapters" / GOOD_DIR.name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["capability"] == "precondition verification" and manifest["iterations"] == 2
@@ -151,3 +155,36 @@ def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():
     assert routes[1] == {"env": "e", "seed": 1, "choice": "none", "probabilities": None,
                          "error": "reset: boom"}
     assert routes[0]["choice"] == "a" and "error" not in routes[0]
+
+
+def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(hermes_dir, env_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    args = [sys.executable, "-m", "envforge", "train", str(env_dir), "--model", str(hermes_dir),
+            "--out", str(tmp_path / "adapters"), "--groups", "1", "--group-size", "2", "--rank", "4",
+            "--max-new-tokens", "4", "--threads", "1", "--backend", "process"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    p = subprocess.Popen(args + ["--iterations", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, cwd=tmp_path)
+    try:
+        for line in p.stdout:
+            if line.startswith("  iter   2/"):
+                break
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    checkpoint = tmp_path / "adapters" / "brevity" / "checkpoint"
+    assert p.returncode == 130, err
+    done = json.loads((checkpoint / "state.json").read_text())["iteration"]
+    assert done >= 2 and err.endswith(
+        f"interrupted: {checkpoint} holds {done} finished iteration(s); run the same command again "
+        "to resume from there (--no-resume starts afresh)\n"), err
+    assert "Traceback" not in err
+    r = subprocess.run(args + ["--iterations", str(done + 1)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and f"resumed at iteration {done}" in r.stdout, r.stdout + r.stderr

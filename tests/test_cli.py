@@ -162,6 +162,8 @@ def _clean(r) -> bool:
     (["train", "x", "-m", "m", "--group-size", "1"], "--group-size must be at least 2, got 1"),
     (["train", "x", "-m", "m", "--lr", "0"], "--lr must be greater than 0, got 0.0"),
     (["calibrate", "x", "-m", "m", "--groups", "0"], "--groups must be at least 1, got 0"),
+    (["route", "-m", "m", "-a", "a", "--task", "t", "--examples", "11"], "--examples must be from 0 to 10, got 11"),
+    (["eval", "x", "-m", "m", "--temperature", "-1"], "--temperature must be at least 0, got -1.0"),
 ])
 def test_a_setting_out_of_bounds_names_the_flag(args, message):
     r = CliRunner().invoke(main, args)

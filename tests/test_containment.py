@@ -5,7 +5,8 @@ sandbox's bwrap, unshare and none, and Docker. A layer that does not work here s
 Each attack is one that got out before (issue 15, issue 18): a host wait with no deadline (the
 env makes every fd it has blocking), typing into a terminal (TIOCSTI), signals to the host
 through a shared file (F_SETOWN/F_SETSIG/O_ASYNC), a thread bomb, kernel surface (io_uring), CPU
-burned between calls, and on Docker stderr that costs dockerd CPU outside the container's cap.
+burned between calls or beyond a call's time limit, and on Docker stderr that costs dockerd CPU
+outside the container's cap.
 """
 from __future__ import annotations
 
@@ -276,18 +277,53 @@ def test_cpu_burned_between_calls_ends_the_sandbox(attack):
 def test_the_host_sees_cpu_burned_between_calls_whatever_the_runner_says(attack):
     """The runner's own check lives where env code can reach it; the host's does not: env code
     that also turns the runner's check off (its module's limit set to infinity, its waiting
-    code patched to burn) is still caught, from /proc, at the next call after an idle spell.
-    (Docker has no such outside check: reading a container's CPU through the engine takes
-    about a second; the runner's check, bound before env code runs, is what applies there.)"""
-    if attack.layer == "docker":
-        pytest.skip("no host-side idle check on Docker (see the docstring)")
+    code patched to burn) is still caught at the next call after an idle spell: from /proc, or
+    on Docker from the container's cgroup CPU counter (a local engine; a remote one has none)."""
     sb = attack(env_with(step="import sys\nsys.modules['__main__'].IDLE_CPU_S = float('inf')\n"
                               + IDLE_BURN + returning("{}")), call_timeout_s=5.0)
+    if attack.layer == "docker":
+        assert sb.transport.cpu_seconds() is not None, "a local engine's cgroup was not found"
     go(sb)
     time.sleep(0.6)
     with pytest.raises(SandboxCrashed, match=r"^ping: the sandbox used \d+\.\d\d CPU seconds "
                                              "between calls"):
         sb.ping()
+    assert sb.closed
+
+
+# --------------------------------------------------------------------------- CPU per call
+
+BURN = """import signal, time
+try:
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # refused by the filters
+except OSError:
+    pass
+end = time.process_time() + float(action["content"])
+while time.process_time() < end:
+    pass
+"""
+
+
+def burn(sb, seconds: float, timeout: float = 60.0):
+    return sb.call("step", timeout=timeout, instance=0,
+                   action={"role": "assistant", "content": str(seconds)})
+
+
+def test_a_call_uses_no_more_cpu_than_its_time_limit_allows(attack):
+    """The runner lowers its soft RLIMIT_CPU before each call to the CPU it used so far plus
+    the call's time limit (1 s here), rounded up, plus 1 s: a call that burns CPU is ended by
+    the kernel (SIGXCPU; ignoring it is refused) even when the host's wall-clock timeout is far
+    higher, and the error says why. Calls within their limit go on for as long as they come:
+    the limit is per call, not over the sandbox's life (five calls of 0.7 s use 3.5 s)."""
+    sb = attack(env_with(step=BURN + returning("{}")), call_timeout_s=1.0)
+    for _ in range(5):
+        burn(sb, 0.7)
+    t = time.monotonic()
+    with pytest.raises(SandboxCrashed, match="SIGXCPU: the call used more CPU than its time "
+                                             "limit allows"):
+        burn(sb, float("inf"))
+    # at most 1 + 1 + the fraction of a second already used; the machine may be shared
+    assert time.monotonic() - t < 30.0
     assert sb.closed
 
 

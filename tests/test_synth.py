@@ -318,8 +318,9 @@ def test_import_synth_is_light():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.split())
     # synth uses the gate (a lower layer) at module level; neither loads a heavy package then
-    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "docker",
-             "envforge.cli", "envforge.identify", "trainers")
+    heavy = ("openai", "hypothesis", "jsonschema", "rich", "matplotlib", "torch", "transformers",
+             "peft", "trl", "docker", "ray", "envforge.cli", "envforge.identify", "trainers",
+             "sandbox.docker", "sandbox.process")
     assert not [m for m in mods if m.startswith(heavy)]
 
 
@@ -338,3 +339,14 @@ def test_identify_then_synth_from_works_offline(tmp_path, out):
     results = json.loads(r.output)
     assert [(x["capability"], x["verdict"]) for x in results] == [(c["name"], "accept") for c in found]
     assert r.exit_code == 0
+
+
+def test_the_gate_probes_of_synth_come_from_a_secret_of_the_output_folder(tmp_path):
+    """The same code gets the same audit on a re-run (the LLM cache answers its repair request),
+    yet env code cannot predict the draws: a quine can hash its own source, not this secret."""
+    from envforge.synth import probe_secret
+    a = probe_secret(tmp_path / "a")
+    assert len(a) == 16 and probe_secret(tmp_path / "a") == a
+    assert probe_secret(tmp_path / "b") != a
+    (tmp_path / "a" / ".envforge-probe-secret").write_text("not hex\n")
+    assert len(probe_secret(tmp_path / "a")) == 16  # a damaged secret is made anew

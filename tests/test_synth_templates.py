@@ -185,8 +185,8 @@ def test_adding_a_family_is_adding_one_file(tmp_path, monkeypatch):
         assert summary["family"] == "exact_values" and "Family: exact values" in src
         (tmp_path / "env").mkdir()
         (tmp_path / "env" / "env.py").write_text(src)
-        report = audit(tmp_path / "env", target=load_target("example"), settings=GateSettings(seeds=8),
-                       write_report=False)
+        report = audit(tmp_path / "env", target=load_target("example"),
+                       settings=GateSettings(seeds=20, probe_seed=MATRIX_PROBE_SEED), write_report=False)
         assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
     finally:
         sys.modules.pop("envforge.synth.families.exact_values", None)
@@ -508,7 +508,8 @@ def test_matrix_every_family_on_every_target_is_accepted(matrix_results, name, f
 @pytest.mark.slow
 @pytest.mark.parametrize("name, family", [("example", "information_gathering"),
                                           ("retail", "precondition_verification"),
-                                          ("airline", "argument_precision")])
+                                          ("airline", "argument_precision"),
+                                          ("airline", "error_recovery")])
 def test_full_gate_on_a_few(tmp_path, name, family):
     """The default gate (50 seeds per property) on a few pairs of the matrix."""
     t = target(name)

@@ -23,8 +23,8 @@ HEADER = """\
 # CLI reference
 
 Generated from the click commands by `python tools/gen_cli_docs.py`: do not edit by hand.
-Exit codes of every command: 0 success, 1 a run failed or an input was bad, 2 usage error,
-130 interrupted.
+Exit codes of every command (docs/configuration.md): 0 success; 1 the work failed or its answer
+is no (an env rejected); 2 a wrong option, or a missing or malformed input; 130 interrupted.
 """
 
 

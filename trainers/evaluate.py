@@ -12,9 +12,12 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.settings import Settings, setting
 from envforge.trajectories import first_user_text
+from sandbox.base import BACKENDS
 from trainers.rollout import EnvFactory, mean_ci, run_episodes
 
 
@@ -101,26 +104,40 @@ class Evaluation:
         return d
 
 
-def evaluate(policy, tasks: list[dict], *, max_new_tokens: int = 256, temperature: float = 0.0,
-             pool_size: int = 4, backend: str = "auto", seed: int = 0,
-             unsafe_skip_gate: bool = False, call_timeout_s: float = 10.0) -> Evaluation:
+@dataclass
+class EvalConfig(Settings):
+    """Settings of one evaluation."""
+    max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
+    temperature: float = setting(0.0, "Sampling temperature (0: greedy).", low=0)
+    pool_size: int = setting(4, "Warm sandboxes per env.", low=1)
+    backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
+    seed: int = setting(0, "Seeds the policy's sampling.")
+    call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)
+    examples: int = setting(2, "Routed adapters: examples per capability shown to the router.",
+                            low=0, high=10)
+
+
+def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
+             unsafe_skip_gate: bool = False, **settings: Any) -> Evaluation:
+    """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments."""
     import torch
     from trainers.router import RoutedPolicy
+    c = config or EvalConfig(**settings)
     by_env: dict[str, list[int]] = defaultdict(list)
     for t in tasks:
         by_env[str(t["env"])].append(int(t["seed"]))
     episodes, routes = [], []
     for env, seeds in by_env.items():
-        with EnvFactory(env, size=pool_size, backend=backend, unsafe_skip_gate=unsafe_skip_gate,
-                        call_timeout_s=call_timeout_s) as factory:
+        with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
+                        call_timeout_s=c.call_timeout_s) as factory:
             buckets = route_seeds(policy, factory, env, seeds, routes) if isinstance(
                 policy, RoutedPolicy) else {"": seeds}
             for choice, bucket in buckets.items():
                 if choice:
                     policy.use(choice)
-                torch.manual_seed(seed)
-                for ep in run_episodes(policy, factory, bucket, max_new_tokens=max_new_tokens,
-                                       temperature=temperature):
+                torch.manual_seed(c.seed)
+                for ep in run_episodes(policy, factory, bucket, max_new_tokens=c.max_new_tokens,
+                                       temperature=c.temperature):
                     episodes.append({"env": env, "choice": choice or None, **ep.summary()})
     skills = defaultdict(list)
     envs = defaultdict(list)

@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from envforge.errors import UsageError
+from envforge.progress import Progress, Step
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
+#: example tasks per adapter in the router's prompt (its SFT examples show as many)
+ROUTER_EXAMPLES = 1
 
 
 @dataclass
@@ -42,12 +45,13 @@ class DemoConfig:
     # the base agent
     demonstrations: int = 600
     sft_epochs: int = 16
-    sft_lr: float = 1e-2
-    hidden: int = 64
-    layers: int = 3
+    sft_lr: float = 3e-3
+    hidden: int = 128
+    layers: int = 2
     heads: int = 4
     deficit_rate: float = 0.75
-    copy_steps: int = 120
+    copy_steps: int = 350
+    routing_examples: int = 200
     # identify
     identify_tasks: int = 200
     # train
@@ -67,16 +71,17 @@ class DemoConfig:
             raise UsageError(f"--threads must be at least 1, got {threads}")
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks = 400, 12, 120
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 300, 6, 120, 150
             c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
         return c
 
 
-class Progress:
-    """Stage lines with elapsed time and an ETA on stderr."""
+class Tracker:
+    """Stage lines with elapsed time and an ETA, sent as ``envforge.progress`` steps (the CLI
+    prints them on stderr; the demo itself never prints)."""
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, progress: Progress | None = None):
+        self.progress = progress
         self.t0 = time.perf_counter()
         self.stage, self.stage_t0 = "", self.t0
         self.last = 0.0
@@ -92,10 +97,13 @@ class Progress:
         self.last = now
         spent = now - self.stage_t0
         eta = spent / done * (total - done) if done else float("nan")
-        self.say(f"{self.stage}: {done}/{total} {what} (stage {spent:.0f}s, ETA {eta:.0f}s)")
+        self.say(f"{self.stage}: {done}/{total} {what} (stage {spent:.0f}s, ETA {eta:.0f}s)",
+                 done, total)
 
-    def say(self, text: str) -> None:
-        print(f"[{time.perf_counter() - self.t0:6.0f}s] {text}", file=self.stream, flush=True)
+    def say(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        if self.progress is not None:
+            self.progress(Step(f"[{time.perf_counter() - self.t0:6.0f}s] {text}", self.stage or None,
+                               done, total))
 
 
 # ============================================================================= the stages
@@ -125,7 +133,7 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random) -> list[li
         return list(ex.map(one, range(len(seeds))))
 
 
-def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
+def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     import torch
 
     from envforge.demo import agent
@@ -146,7 +154,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     for o, n in zip(openings, need):
         if n is not None and len(examples.setdefault(n, [])) < 3:
             examples[n].append(o)
-    routes = agent.route_examples(list(zip(openings, need)), caps, examples, rng)
+    routes = agent.route_examples(list(zip(openings, need))[:cfg.routing_examples], caps, examples, rng)
     texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
         [m["content"] or "" for ep in episodes for m in ep] + \
         [m["content"] for r, _ in routes[:200] for m in r]
@@ -159,7 +167,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Progress) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
-    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, len(tokenizer), steps=cfg.copy_steps, seed=cfg.seed):.3f}")
+    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed):.3f}")
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
                        progress=lambda s, n, loss: progress.step(s, n, f"steps, loss {loss:.3f}"))
@@ -229,7 +237,7 @@ def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
 
 
 def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
-              progress: Progress, label: str) -> dict:
+              progress: Tracker, label: str) -> dict:
     from trainers.grpo import GRPOTrainer
     from trainers.policy import load_policy
     progress.begin(f"train {label}", f"{iterations} iterations of 4 x 4 rollouts")
@@ -261,7 +269,8 @@ def summary(scores: list[float]) -> dict:
 # ============================================================================= the run
 
 def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None) -> dict:
-    """Run every stage into ``out``; returns (and writes) results.json's content."""
+    """Run every stage into ``out``; returns (and writes) results.json's content. ``progress``
+    gets a step per stage line (with an ETA within long stages)."""
     import torch
 
     from envforge.demo.target import PLANTED, UNPLANTED, write_target, write_target_folder
@@ -269,11 +278,12 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     from trainers.calibrate import CalibrationConfig, calibrate
     from trainers.policy import load_policy, set_threads
     from trainers.rollout import EnvFactory
-    progress = progress or Progress()
+    progress = Tracker(progress)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     set_threads(cfg.threads)
-    torch.use_deterministic_algorithms(False)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     stages: dict[str, float] = {}
     results: dict[str, Any] = {"seed": cfg.seed, "quick": cfg.quick, "threads": cfg.threads,
                                "config": asdict(cfg), "planted": [p.replace("_", " ") for p in PLANTED]}
@@ -371,7 +381,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             if fam:
                 adapter_of[fam] = a.name
         if infos:
-            routed = run("routed", RoutedPolicy.load(model_dir, adapters))
+            routed = run("routed", RoutedPolicy.load(model_dir, adapters, examples=ROUTER_EXAMPLES))
             right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
             results["routing_accuracy"] = sum(right) / len(right)
             results["routes"] = {k: dict(sorted(__import__("collections").Counter(

@@ -298,9 +298,32 @@ class _Run:
         self.manifest["code_sha256"] = sha256(code)
         self.save(None)  # an interruption from here on leaves a folder marked unfinished
         self.say("gate: waiting for the gate")
+        # the gate's probes drawn from the code and a secret of the output folder: an attempt's
+        # findings and measured scores, hence the repair request that quotes them, are the same on
+        # a re-run, so the LLM cache answers it and an interrupted batch resumes; the secret keeps
+        # the draws unpredictable to the code (a quine can hash its own source, not the secret)
+        key = hashlib.sha256(probe_secret(Path(self.config.out_dir)) + code.encode("utf-8"))
+        probe_seed = int(key.hexdigest()[:15], 16)
         return gate_audit(self.folder, target=self.target, backend=self.config.backend,
-                          settings=GateSettings(seeds=self.config.seeds), write_report=True,
+                          settings=GateSettings(seeds=self.config.seeds, probe_seed=probe_seed),
+                          write_report=True,
                           progress=lambda step: self.say(f"gate: {step.text}"))
+
+
+_SECRET_LOCK = threading.Lock()
+
+
+def probe_secret(out_dir: Path) -> bytes:
+    """16 random bytes made once per output folder (``.envforge-probe-secret``, not for git)."""
+    path = out_dir / ".envforge-probe-secret"
+    with _SECRET_LOCK:
+        try:
+            return bytes.fromhex(path.read_text(encoding="ascii").strip())
+        except (OSError, ValueError):
+            secret = os.urandom(16)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, secret.hex() + "\n")
+            return secret
 
 
 def target_label(target: str | Path | Target) -> str:
@@ -394,7 +417,9 @@ def _llm(run: _Run, client: Any) -> SynthResult:
             findings, stats = [problem], None
             attempt = Attempt(n, "reject", findings, None, reply.usage, reply.cached)
             if not (run.folder / "report.json").exists():
-                _write_json(run.folder / "report.json", Report(str(run.folder), [problem], run.target.name).to_dict())
+                _write_json(run.folder / "report.json", Report(
+                    str(run.folder), [problem], run.target.name,
+                    target_schema_hash=run.target.schema_hash()).to_dict())
         else:
             run.say(f"attempt {n}/{run.config.attempts}: gate")
             report = run.audit(code)

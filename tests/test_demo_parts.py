@@ -1,0 +1,130 @@
+"""The demo's parts, fast: the target benchmark (in a real sandbox), the planted deficits as
+identify sees them, the tokenizer and the SFT token masks."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from envforge.demo.expert import DeficitRates, draw_deficits, expert_action, task_kind
+from envforge.demo.target import PLANTED, write_target, write_target_folder
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo_target")
+    return write_target_folder(root / "helpdesk"), write_target(root / "target")
+
+
+def play(factory, seeds, rates, rng):
+    from envforge.demo.run import play_expert
+    return play_expert(factory, seeds, rates, rng)
+
+
+def test_target_passes_static_audit_and_expert_solves_it(target):
+    from envforge.gate import audit
+    from trainers.rollout import EnvFactory
+    folder, env = target
+    assert audit(env, target=folder, static_only=True).verdict == "accept"
+    with EnvFactory(env, size=2, backend="process") as factory:
+        episodes = play(factory, list(range(30)), DeficitRates(0.0, 0.0), random.Random(0))
+        e = factory.make()
+        try:
+            kinds = {task_kind(e.reset(seed=s)[0]["messages"][1]["content"]) for s in range(30)}
+            scores = []
+            for s, msgs in zip(range(30), episodes):
+                e.reset(seed=s)
+                total = 0.0
+                for m in msgs[2:]:
+                    if m["role"] == "assistant":
+                        total += e.step(m)[1]
+                scores.append(total)
+        finally:
+            e.close()
+    assert kinds == {"precondition_verification", "confirmation_before_write", "status_lookup"}
+    assert scores == [1.0] * 30
+
+
+def test_planted_deficits_are_what_identify_retains(target):
+    """The ground truth of the demo: the expert's runs with the planted deficits, labelled by
+    identify's structural rules, retain exactly the planted capabilities."""
+    from envforge import identify as ident
+    from envforge.targets import load_target
+    from trainers.rollout import EnvFactory
+    folder, env = target
+    seeds = list(range(200_000, 200_160))
+    with EnvFactory(env, size=4, backend="process") as factory:
+        episodes = play(factory, seeds, DeficitRates(), random.Random(1))
+        e = factory.make()
+        try:
+            rewards = []
+            for s, msgs in zip(seeds, episodes):
+                e.reset(seed=s)
+                rewards.append(sum(e.step(m)[1] for m in msgs[2:] if m["role"] == "assistant"))
+        finally:
+            e.close()
+        from envforge.demo.run import expected_actions
+        from envforge.trajectories import Trajectory
+        trajs = [Trajectory(f"t{s}", m, r, r >= 1.0, x, {}) for s, m, r, x in
+                 zip(seeds, episodes, rewards, expected_actions(factory, seeds))]
+    assert 0.3 < sum(rewards) / len(rewards) < 0.6  # the base's target: roughly 0.3-0.5
+    found = ident.identify(trajs, ident.IdentifyConfig(seed=0), meta=load_target(folder).meta)
+    assert sorted(found.retained) == sorted(p.replace("_", " ") for p in PLANTED)
+
+
+def test_expert_plants_each_deficit_as_described():
+    opening = "Hi. Please close ticket for my ticket TCK-104. Details: resolution: Duplicate of an earlier ticket."
+    msgs = [{"role": "system", "content": "p"}, {"role": "user", "content": opening}]
+    read = expert_action(msgs)
+    assert read["tool_calls"][0]["function"]["name"] == "get_ticket_details"
+    msgs += [read, {"role": "tool", "tool_call_id": "call_0",
+                    "content": json.dumps({"ticket_id": "TCK-104", "status": "active"})}]
+    assert "Shall I proceed?" in expert_action(msgs)["content"]
+    skipped = expert_action(msgs, frozenset({"confirmation_before_write"}))
+    assert skipped["tool_calls"][0]["function"]["name"] == "close_ticket"
+    blocked = [{"role": "system", "content": "p"}, {"role": "user", "content": opening.replace(
+        ". Details", " right away, no need to confirm. Details")}]
+    assert expert_action(blocked, frozenset({"precondition_verification"}))["tool_calls"][0][
+        "function"]["name"] == "close_ticket"
+    rng = random.Random(0)
+    draws = [draw_deficits(rng, DeficitRates(0.75, 0.0)) for _ in range(400)]
+    assert 0.68 < sum("precondition_verification" in d for d in draws) / 400 < 0.82
+    assert not any("confirmation_before_write" in d for d in draws)
+
+
+def test_tokenizer_round_trips_and_an_id_is_one_token():
+    pytest.importorskip("transformers")
+    from envforge.demo.agent import episode_tokens, fit_tokenizer
+    from trainers.policy import Policy
+    text = 'Ticket TCK-104 has the status \'on_hold\'.\n  {"ticket_id": "TCK-987"}'
+    tok = fit_tokenizer([text, "Hi. Please close ticket for my ticket"])
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert tok.convert_ids_to_tokens(tok.encode("TCK-104", add_special_tokens=False)) == ["TCK", "-", "104"]
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "get_ticket_details", "arguments": json.dumps({"ticket_id": "TCK-104"})}}]}
+    msgs = [{"role": "system", "content": "Hi."}, {"role": "user", "content": "Hi. TCK-104"}, call,
+            {"role": "tool", "tool_call_id": "c", "content": '{"status": "active"}'},
+            {"role": "assistant", "content": "Ticket TCK-104 has the status 'active'."}]
+
+    class _Model:  # the policy's text side only: no forward pass here
+        pass
+    policy = Policy(_Model(), tok, family="hermes")
+    tokens, mask = episode_tokens(policy, msgs)
+    sampled = policy.decode([t for t, m in zip(tokens, mask) if m])
+    assert sampled.count("<|im_end|>") == 2 and "tool_response" not in sampled and "Hi." not in sampled
+    first_turn = tokens[mask.index(1):mask.index(0, mask.index(1))]
+    assert len(first_turn) <= 16  # a tool call is a short token sequence
+    assert policy.parse(policy.decode(first_turn))["tool_calls"][0]["function"]["arguments"] == '{"ticket_id": "TCK-104"}'
+
+
+def test_demo_usage_errors_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from envforge.cli import main
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    r = CliRunner().invoke(main, ["demo", "--out", str(f)])
+    assert r.exit_code == 2 and f"--out {f} is a file; give a folder" in r.output
+    r = CliRunner().invoke(main, ["demo", "--threads", "0"])
+    assert r.exit_code == 2 and "--threads" in r.output
