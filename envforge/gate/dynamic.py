@@ -651,8 +651,8 @@ _GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|f
 def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
                 findings: Findings, stats: dict, draws: Draws) -> list[Episode]:
     """Does the env test its capability? Probes built from the reference solution: its words
-    without its tool calls, each argument changed in turn (writes, and reads the reward needs),
-    each read removed in turn (judged for capabilities about gathering or checking), its tools'
+    without its tool calls, each write argument changed in turn, its reads removed (for
+    capabilities about gathering or checking), its tools'
     arguments varied (``probes.argument_probes``), episodes played to max_turns, and whether
     every argument it sends could be known from what the agent saw (solvability from
     observations only). Returns the changed-argument episodes that lowered the score."""
