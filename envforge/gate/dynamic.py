@@ -525,7 +525,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
             findings.add("free_reward", f"a {name.replace('_', '-')} policy scores {scores[name]:.2f} on "
                          f"average (allowed: {settings.free_reward_max}); reward must be earned by doing "
                          "the task, not by ending the episode or calling tools at random.")
-        elif len(full) > max(1, len(eps) // 10):
+        elif len(full) > max(1, len(eps) // 10) or _band_pays(eps, full):
             findings.add("free_reward", f"a {name.replace('_', '-')} policy earns the full score on "
                          f"{len(full)} of {len(eps)} seeds (e.g. seed {full[0]}); no seed may pay for "
                          "doing nothing or calling tools at random.")
@@ -575,6 +575,15 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
            f"(first: {host.hash_seed})")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
     all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
+
+
+def _band_pays(eps: list[Episode], full: list[int]) -> bool:
+    """Whether the full score is paid on a fifth or more (two at least) of the seeds below 1000:
+    training's seeds count up from 0, so free reward kept to small seeds is diluted by the
+    large ones in a count over all of them."""
+    small = [e.seed for e in eps if e.ok and e.seed < 1000]
+    paid = [s for s in full if s < 1000]
+    return len(paid) >= 2 and len(paid) * 5 >= len(small)
 
 
 def _hypothesis_run(findings: Findings, what: str, run: Callable[[], Any]) -> Any:

@@ -164,7 +164,7 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
                     slot.append((e, i, j, call))
     for name, slots in sorted(per_tool.items()):
         props = _properties(by_name, name)
-        for e, i, j, call in slots:
+        for k, (e, i, j, call) in enumerate(slots):
             args = _json_args(call) or {}
             cid = call.get("id", "call_0")
 
@@ -174,8 +174,8 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
 
             for key in sorted(args):
                 value = args[key]
-                if isinstance(value, str) and value.strip():
-                    for v in rng.sample(_variants(value, rng), min(2, len(_variants(value, rng)))):
+                if isinstance(value, str) and value.strip() and k == 0:  # every variant, once a tool
+                    for v in _variants(value, rng):
                         run({**args, key: v}, f"variant {name}.{key}={v[:30]!r}")
                 new = _extreme(value, props.get(key), rng, settings.long_text_chars)
                 if new is not _SKIP:
