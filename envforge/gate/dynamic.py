@@ -755,13 +755,27 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
     # numbers and enum choices, per tool argument over every solved seed (a hidden choice may
     # concern a task the env draws on a tenth of its seeds)
     choices: dict[tuple[str, str], list] = {}
-    for e in solved:
+
+    def count(e: Episode) -> None:
         for name, key, value, hidden in _choices(e, by_name):
             rec = choices.setdefault((name, key), [0, 0, None])  # calls, hidden, an example
             rec[0] += 1
             if hidden:
                 rec[1] += 1
                 rec[2] = rec[2] or (e.seed, value)
+
+    for e in solved:
+        count(e)
+    # a choice hidden on the few seeds that made it: more seeds (drawn) until it is made 3 times
+    for extra in range(40):
+        if not any(h and n < 3 for n, h, _ in choices.values()):
+            break
+        seed = draws.rng.randrange(2**31)
+        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
+        if isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan):
+            e = host.episode("a", seed, scripted(plan), "reference")
+            if e.ok and abs(e.score - 1.0) < 1e-6:
+                count(e)
     for (name, key), (n, hidden, example) in sorted(choices.items()):
         if hidden >= 2 and hidden * 2 >= n:
             findings.add("solvability", f"the reference calls {name} with {key}={example[1]!r} (seed "
