@@ -66,46 +66,24 @@ class Draws:
                 seeds.append(x)
         self.seeds = seeds
         self.hash_seed = rng.randrange(1, 2**32)
-        self.words = list(_WORDS)
-        longest = rng.randint(settings.long_text_chars, 3 * settings.long_text_chars)
-        self.sizes = (8, 30, 120, 400, 1500, settings.long_text_chars, longest)
-        self.texts = [self.text(rng, rng.choice(self.sizes)) for _ in range(16)]
-        self.texts.append(self.text(rng, longest))
-        self.resets = rng.randint(settings.resets, 2 * settings.resets)  # how many: drawn too
+        self.texts = [self.text(rng, rng.choice((8, 30, 120, 400, 1500, settings.long_text_chars)))
+                      for _ in range(16)]
+        self.texts.append(self.text(rng, settings.long_text_chars))
         self.rng = rng
 
-    #: Where drawn non-ASCII comes from: Latin and symbols, CJK, emoji (astral), combining marks.
-    _RANGES = ((0xA1, 0x2FFF), (0x4E00, 0x9FFF), (0x1F300, 0x1FAFF), (0x300, 0x36F))
-
-    def text(self, rng: random.Random, size: int) -> str:
-        """About ``size`` characters of words (the gate's and, once ``learn`` has run, the env's
-        own), numbers, punctuation, markdown, line breaks and non-ASCII from several planes."""
+    @staticmethod
+    def text(rng: random.Random, size: int) -> str:
+        """About ``size`` characters of words, numbers, punctuation and some non-ASCII."""
         out, n = [], 0
         while n < size:
             r = rng.random()
-            if r < 0.7:
-                w = rng.choice(self.words)
-            elif r < 0.82:
-                w = str(rng.randrange(10**rng.randrange(1, 9)))
-            elif r < 0.9:
-                w = rng.choice("?!.,:;-'\"()")
-            elif r < 0.95:
-                w = rng.choice(("\n", "\n\n", "\n- ", "\n---\n", "**", "`", "#", "\t"))
-            else:
-                lo, hi = rng.choice(self._RANGES)
-                w = "".join(chr(rng.randrange(lo, hi)) for _ in range(rng.randrange(1, 4)))
+            w = (rng.choice(_WORDS) if r < 0.7 else str(rng.randrange(10**rng.randrange(1, 9)))
+                 if r < 0.85 else rng.choice("?!.,:;-'\"()") if r < 0.95
+                 else "".join(chr(rng.randrange(0xA1, 0x2FFF)) for _ in range(rng.randrange(1, 4))))
             out.append(w)
             n += len(w) + 1
         text = " ".join(out)[:max(size, 1)]
         return text[:1].upper() + text[1:]
-
-    def learn(self, texts: list[str]) -> None:
-        """Add texts drawn from the env's own words (its prompts, tool descriptions, replies): an
-        env that pays for a word of its own domain is found by talk that uses its words."""
-        words = sorted({w for t in texts for w in re.findall(r"[A-Za-z][A-Za-z'-]{2,}", t)})
-        if words:
-            self.words = words + list(_WORDS)
-            self.texts += [self.text(self.rng, self.rng.choice(self.sizes[:5])) for _ in range(16)]
 
     def talker(self, seed: int) -> Callable[[int, list], Any]:
         """A do-nothing policy: talks drawn text every turn, calls no tool."""
@@ -491,9 +469,6 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
                      f"reference observations); need {settings.diversity_min:.0%}. Build the scenario "
                      "from random.Random(seed) in reset so that each seed differs (is the seed ignored?).")
 
-    draws.learn([str(m.get("content") or "") for e in reference[:10] for v in e.trace for m in v[0]["messages"]]
-                + [str(t["function"].get("description") or "") for t in tools])
-
     say("perturbed reference, do-nothing, random")
     perturbed = [host.episode("a", e.seed, scripted(perturb(e.actions, draws.rng.randrange(2**32))), "perturbed")
                  for e in reference]
@@ -608,9 +583,10 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
     if settings.resets <= 0:
         return
     cycle = draws.seeds[:20]
-    # every other reset a fresh seed (a cache keyed by seed grows only on new seeds, as in
-    # training, which never repeats one)
-    count = draws.resets
+    # a count drawn per audit (up to five times the setting; resets_s bounds the time), every
+    # other reset a fresh seed (a cache keyed by seed grows only on new seeds, as in training,
+    # which never repeats one)
+    count = draws.rng.randrange(settings.resets, 5 * settings.resets + 1)
     seeds = [cycle[(i // 2) % len(cycle)] if i % 2 == 0 else draws.rng.randrange(2**31) for i in range(count)]
     try:
         value = host.op(f"{count} resets of one instance", "resets", "a", seeds, settings.resets_s)
@@ -1016,8 +992,7 @@ def _random_episodes(host: Host, tools: list, n: int, draws: Draws) -> list[Epis
 
     out: list[Episode] = []
     say = st.tuples(st.just("say"), st.sampled_from(draws.texts))
-    several = st.tuples(st.just("calls"), st.lists(valid_call(tools), min_size=2, max_size=3))
-    step = st.tuples(st.just("call"), valid_call(tools)) | several | say if tools else say
+    step = st.tuples(st.just("call"), valid_call(tools)) | say if tools else say
 
     @seed(draws.probe_seed)
     @hsettings(max_examples=n, database=None, deadline=None,
@@ -1028,10 +1003,7 @@ def _random_episodes(host: Host, tools: list, n: int, draws: Draws) -> list[Epis
 
         def policy(t: int, msgs: list) -> Any:
             kind, what = data.draw(step)
-            if kind == "say":
-                return assistant(what)
-            calls = [what] if kind == "call" else what
-            return assistant(None, [tool_call(n, a, f"call_{t}_{i}") for i, (n, a) in enumerate(calls)])
+            return assistant(what) if kind == "say" else assistant(None, [tool_call(what[0], what[1], f"call_{t}")])
 
         out.append(host.episode("r", s, policy, "random"))
 
