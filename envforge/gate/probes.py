@@ -129,6 +129,11 @@ def parallel_reference(host, solved: list, draws) -> None:
         plan = [{k: v for k, v in a.items() if k != "merged"} for a in plan]
         if len(plan) < len(e.actions):
             host.episode("a", e.seed, _scripted(plan), "several calls a message")
+        # every call sent twice in its message (the second with its own id): a bonus per
+        # several-call message, if any, is paid on every step
+        twice = [{**a, "tool_calls": [c for c in a["tool_calls"] for c in (c, {**c, "id": c.get("id", "call") + "_again"})]}
+                 if a.get("tool_calls") else a for a in e.actions]
+        host.episode("a", e.seed, _scripted(twice), "every call twice")
 
 
 def many_instances(host, draws) -> tuple[str, str]:
