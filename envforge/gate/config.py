@@ -32,6 +32,9 @@ class GateSettings(Settings):
     resets_s: float = setting(2.0, "Seconds the many-resets probe may take.", above=0)
     leak_mb: float = setting(16.0, "Memory growth (MiB) over the many-resets probe that counts as "
                              "a leak.", above=0)
+    leak_kib_per_reset: float = setting(0.5, "Memory growth a reset (KiB, after a warm-up, when "
+                                        "the probe grew by over 1 MiB) that counts as a leak: "
+                                        "training resets millions of times.", above=0)
     slow_call_s: float = setting(1.0, "Seconds one reset/step may take before it is a finding "
                                  "(training makes thousands).", above=0)
     long_text_chars: int = setting(6000, "Length of the longest drawn free-text probe.", low=1,

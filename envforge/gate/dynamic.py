@@ -38,6 +38,7 @@ from typing import Any, Callable
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, assistant,
                                canonical_json, message_problem, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
+from envforge.gate import probes
 from envforge.gate.config import GateSettings
 from envforge.gate.schema import call_problem
 from envforge.gate.static import PARSE_LOCK
@@ -397,6 +398,7 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
     if probe_seed is None:
         probe_seed = random.SystemRandom().randrange(2**63)
     draws = Draws(probe_seed, settings)
+    probes.extend_texts(draws, source, settings.long_text_chars)
     stats: dict[str, Any] = {"probe_seed": probe_seed,
                              "hash_seeds": [settings.training_hash_seed, draws.hash_seed]}
     say = progress or (lambda s: None)
@@ -473,11 +475,15 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     idle = [host.episode("a", s, draws.talker(s), "do-nothing") for s in seeds]
     rand = _hypothesis_run(findings, "random episodes", lambda: _random_episodes(host, tools, len(seeds), draws)) or []
 
+    say("own words, several calls a message")
+    probes.own_words(host, draws, findings, stats)
+    probes.parallel_reference(host, solved, draws)
+
     say("robustness (hypothesis)")
     _hypothesis_run(findings, "robustness", lambda: _robustness(host, tools, settings, draws))
 
     say("does the env test its capability")
-    _capability(host, by_name, solved, settings, findings, stats, draws)
+    contrast = _capability(host, by_name, solved, settings, findings, stats, draws)
 
     def mean(eps: list[Episode]) -> float:
         done = [e.score for e in eps if e.ok]
@@ -494,7 +500,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
             findings.add("free_reward", f"a {name.replace('_', '-')} policy scores {scores[name]:.2f} on "
                          f"average (allowed: {settings.free_reward_max}); reward must be earned by doing "
                          "the task, not by ending the episode or calling tools at random.")
-        elif len(full) > max(1, len(eps) // 10):
+        elif len(full) > max(1, len(eps) // 10) or _band_pays(eps, full):
             findings.add("free_reward", f"a {name.replace('_', '-')} policy earns the full score on "
                          f"{len(full)} of {len(eps)} seeds (e.g. seed {full[0]}); no seed may pay for "
                          "doing nothing or calling tools at random.")
@@ -511,9 +517,16 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
 
     say("many resets")
     _many_resets(host, draws, settings, findings, stats)
+    # the episodes that told right from wrong must still do so after thousands of resets
+    for e in reference[:8] + perturbed[:8] + contrast[:16]:
+        if not _same(e, host.replay("a", e, "after many resets"), "determinism",
+                     f"the same seed and actions replayed after {stats.get('resets')} resets of the instance",
+                     findings, " Keep no state across episodes: an env must not change with use."):
+            break
 
     say("determinism and isolation")
     replays = reference + [e for e in rand if e.ok][: settings.replay_random]
+    replays += probes.malformed_episodes(host, tools, draws)
     # Each comparison only means something when the simpler ones held: stop at the first failure.
     comparisons = [
         ("determinism", "the same seed and actions replayed in the same instance", lambda e: host.replay("a", e, "replay"), ""),
@@ -523,6 +536,8 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
         if not all(_same(e, run(e), check, how, findings, hint) for e in replays):
             return
     if not _isolation(host, reference, findings):
+        return
+    if not _isolation(host, reference[:4], findings, *probes.many_instances(host, draws)):
         return
 
     say("determinism across processes")
@@ -535,6 +550,15 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
            f"(first: {host.hash_seed})")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
     all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
+
+
+def _band_pays(eps: list[Episode], full: list[int]) -> bool:
+    """Whether the full score is paid on a fifth or more (two at least) of the seeds below 1000:
+    training's seeds count up from 0, so free reward kept to small seeds is diluted by the
+    large ones in a count over all of them."""
+    small = [e.seed for e in eps if e.ok and e.seed < 1000]
+    paid = [s for s in full if s < 1000]
+    return len(paid) >= 2 and len(paid) * 5 >= len(small)
 
 
 def _hypothesis_run(findings: Findings, what: str, run: Callable[[], Any]) -> Any:
@@ -559,9 +583,13 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
     if settings.resets <= 0:
         return
     cycle = draws.seeds[:20]
-    seeds = [cycle[i % len(cycle)] for i in range(settings.resets)]
+    # a count drawn per audit (up to five times the setting; resets_s bounds the time), every
+    # other reset a fresh seed (a cache keyed by seed grows only on new seeds, as in training,
+    # which never repeats one)
+    count = draws.rng.randrange(settings.resets, 5 * settings.resets + 1)
+    seeds = [cycle[(i // 2) % len(cycle)] if i % 2 == 0 else draws.rng.randrange(2**31) for i in range(count)]
     try:
-        value = host.op(f"{settings.resets} resets of one instance", "resets", "a", seeds, settings.resets_s)
+        value = host.op(f"{count} resets of one instance", "resets", "a", seeds, settings.resets_s)
     except EnvCallError:
         stats["resets"] = "not run: this sandbox's runner has no 'resets' op (rebuild its image)"
         return
@@ -594,8 +622,9 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
     if len(rss) >= 8:
         growth = (rss[-1] - rss[len(rss) // 4]) / 1024
         stats["reset_growth_mb"] = round(growth, 2)
-        if growth > settings.leak_mb:
-            per = growth * 1024 / (len(rows) * 3 / 4)
+        per = growth * 1024 / (len(rows) * 3 / 4)  # KiB a reset after a warm-up
+        stats["reset_growth_kib"] = round(per, 3)
+        if growth > settings.leak_mb or (growth > 1 and per > settings.leak_kib_per_reset):
             findings.add("bounded", f"memory grows by {growth:.0f} MiB over {len(rows) * 3 // 4} resets of one "
                          f"instance (~{per:.0f} KiB a reset): training resets millions of times, so this "
                          "runs out of memory. Forget the last episode on reset.")
@@ -605,11 +634,13 @@ _GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|f
 
 
 def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
-                findings: Findings, stats: dict, draws: Draws) -> None:
+                findings: Findings, stats: dict, draws: Draws) -> list[Episode]:
     """Does the env test its capability? Probes built from the reference solution: its words
     without its tool calls, each write argument changed in turn, its reads removed (for
-    capabilities about gathering or checking), and whether every argument it sends could be
-    known from what the agent saw (solvability from observations only)."""
+    capabilities about gathering or checking), its tools'
+    arguments varied (``probes.argument_probes``), episodes played to max_turns, and whether
+    every argument it sends could be known from what the agent saw (solvability from
+    observations only). Returns the changed-argument episodes that lowered the score."""
     from envforge.tools import tool_kind
 
     kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
@@ -627,62 +658,62 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                      "need the tool calls, not a phrase.")
     # each write argument changed in turn
     tried: dict[tuple[str, str], list] = {}
-    for e in solved[:12]:
+    contrast: list[Episode] = []  # changed arguments that lowered the score (replayed after the resets)
+    for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
                 name = call["function"]["name"]
                 args = _json_args(call)
                 if kinds.get(name) in ("read", "escalation") or not args:
-                    continue
+                    continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
-                    if new is _SKIP or tried.get((name, key), [False])[0]:
+                    rec = tried.get((name, key), [False, 0])
+                    if new is _SKIP or rec[0] or rec[1] >= 3:
                         continue
                     plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
                     ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
                     rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
                     rec[0] |= not ep.ok or ep.score < e.score - 1e-6
                     rec[1] += 1
+                    if ep.ok and ep.score < e.score - 1e-6:
+                        contrast.append(ep)
+    # reads removed, for capabilities about gathering or checking. Removing one read tool at a
+    # time was tried (issue 15's red team): good template envs credit the record read but not
+    # the look-up that finds it (the reference knows the id), which looks the same from outside
+    # as an env that credits a read it never needed; so all reads are removed at once.
+    gathering = _GATHERING.search(str(host.meta.get("capability") or ""))
+    if gathering:
+        kept, lowered = 0, False
+        for e in sample[:6]:
+            plan = _without_reads(e.actions, kinds)
+            if plan is not None:
+                ep = host.episode("a", e.seed, scripted(plan), "reads removed")
+                kept += 1
+                lowered |= not ep.ok or ep.score < e.score - 1e-6
+        if kept >= 2 and not lowered:
+            findings.add("free_reward", f"the reference with its reads removed still earns the full score "
+                         f"({kept} seeds): a capability about {gathering.string!r} must need the "
+                         "information the reads return.")
     for (name, key), (lowered, n, seed) in tried.items():
         if not lowered and n >= 2:
             findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
                          f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
                          "checks it, so the agent learns nothing about getting it right.",
                          key=("unchecked", name, key))
-    # reads removed, for capabilities about gathering or checking
-    capability = str(host.meta.get("capability") or "")
-    if _GATHERING.search(capability):
-        kept, lowered = 0, False
-        for e in sample[:6]:
-            plan = _without_reads(e.actions, kinds)
-            if plan is None:
-                continue
-            ep = host.episode("a", e.seed, scripted(plan), "reads removed")
-            kept += 1
-            lowered |= not ep.ok or ep.score < e.score - 1e-6
-        if kept >= 2 and not lowered:
-            findings.add("free_reward", f"the reference with its reads removed still earns the full score "
-                         f"({kept} seeds): a capability about {capability!r} must need the information "
-                         "the reads return.")
-    # extreme values in otherwise valid calls: each integer argument of the reference's calls at a
-    # large value (the schema's maximum when it has one), each free string argument made long
-    for e in solved[:3]:
-        for i, a in enumerate(e.actions):
-            for j, call in enumerate(a.get("tool_calls") or []):
-                name, args = call["function"]["name"], _json_args(call) or {}
-                props = _properties(by_name, name)
-                for key in sorted(args):
-                    new = _extreme(args[key], props.get(key), draws.rng, settings.long_text_chars)
-                    if new is not _SKIP:
-                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
-                        host.episode("a", e.seed, scripted(plan), f"extreme {name}.{key}")
+    # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
+    probes.argument_probes(host, solved, by_name, draws, settings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
     for e in sample[:3]:
         reads = [a for a in e.actions if a.get("tool_calls")
                  and all(kinds.get(c["function"]["name"]) == "read" for c in a["tool_calls"])]
         cycle = reads or [assistant(t) for t in draws.texts[:4]]
-        host.episode("a", e.seed, lambda t, m, c=cycle: c[t % len(c)], "to max_turns")
+        stalled = host.episode("a", e.seed, lambda t, m, c=cycle: c[t % len(c)], "to max_turns")
+        if stalled.ok and reads and stalled.score >= e.score - 1e-6:
+            findings.add("free_reward", f"repeating the reference's reads until max_turns, never acting, "
+                         f"earns the reference's full score (seed {e.seed}): an episode that ends "
+                         "undecided must score below one that decides.", key=("free_reward", "stall"))
     # solvability from observations only
     hidden = []
     schema_text = _squash(canonical_json(list(by_name.values())))
@@ -697,6 +728,37 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                      f"never saw before that call (seed {seed}; {len(hidden)} of {len(sample)} seeds "
                      "alike): a policy that sees only the observations cannot solve the task. Show the "
                      "target in the user's messages or in a tool result.")
+    # numbers and enum choices, per tool argument over every solved seed (a hidden choice may
+    # concern a task the env draws on a tenth of its seeds)
+    choices: dict[tuple[str, str], list] = {}
+
+    def count(e: Episode) -> None:
+        for name, key, value, hidden in _choices(e, by_name):
+            rec = choices.setdefault((name, key), [0, 0, None])  # calls, hidden, an example
+            rec[0] += 1
+            if hidden:
+                rec[1] += 1
+                rec[2] = rec[2] or (e.seed, value)
+
+    for e in solved:
+        count(e)
+    # a choice hidden on the few seeds that made it: more seeds (drawn) until it is made 3 times
+    for extra in range(40):
+        if not any(h and n < 3 for n, h, _ in choices.values()):
+            break
+        seed = draws.rng.randrange(2**31)
+        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
+        if isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan):
+            e = host.episode("a", seed, scripted(plan), "reference")
+            if e.ok and abs(e.score - 1.0) < 1e-6:
+                count(e)
+    for (name, key), (n, hidden, example) in sorted(choices.items()):
+        if hidden >= 2 and hidden * 2 >= n:
+            findings.add("solvability", f"the reference calls {name} with {key}={example[1]!r} (seed "
+                         f"{example[0]}), a choice no message before the call shows ({hidden} of {n} "
+                         "calls alike): a policy that sees only the observations can only guess it. "
+                         "Show it in the user's messages or in a tool result.", key=("hidden", name, key))
+    return contrast
 
 
 _SKIP = object()
@@ -788,6 +850,50 @@ def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     return None
 
 
+def _choices(e: Episode, by_name: dict):
+    """(tool, argument, value, hidden) for each integer and enum argument of the reference's calls;
+    hidden when no message before the call shows it (``_unobserved_value``)."""
+    raw = [str(m.get("content") or "") if m.get("role") != "system" else "" for m in e.trace[0][0]["messages"]]
+    system = [str(m.get("content") or "") for m in e.trace[0][0]["messages"] if m.get("role") == "system"]
+    for t, a in enumerate(e.actions):
+        for call in a.get("tool_calls") or []:
+            props = _properties(by_name, call["function"]["name"])
+            for key, value in (_json_args(call) or {}).items():
+                if isinstance(value, (int, str)) and not isinstance(value, bool):
+                    hidden = _unobserved_value(value, props.get(key), raw if isinstance(value, str) else system + raw)
+                    yield call["function"]["name"], key, value, hidden is not None
+        if t + 1 < len(e.trace):
+            raw += [str(m.get("content") or "") for m in e.trace[t + 1][0]["messages"]]
+
+
+_NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                 "fourteen fifteen sixteen seventeen eighteen nineteen twenty").split()
+
+
+def _unobserved_value(value: Any, schema: Any, raw: list[str]) -> Any:
+    """A number or an enum choice the reference sends that no message so far shows: an integer
+    not written as a whole number (nor as a word up to twenty), or an enum value none of whose
+    words appear as a word (JSON keys such as ``"email":`` do not count; the caller leaves the
+    system prompt out for enums, which lists every choice). Returns the value, or None when it
+    was seen (or is not of those kinds)."""
+    text = re.sub(r'"[^"\n]{1,40}"\s*:', " ", "\n".join(raw)).lower().replace("_", " ")
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int) and not isinstance(enum, list):
+        if abs(value) < 2 or re.search(rf"(?<![\d.]){abs(value)}(?![\d]|\.\d)", text):
+            return None
+        if abs(value) < len(_NUMBER_WORDS) and re.search(rf"\b{_NUMBER_WORDS[abs(value)]}\b", text):
+            return None
+        return value
+    if isinstance(value, str) and isinstance(enum, list) and len(enum) > 1:
+        parts = [w for w in re.split(r"[\W_]+", value.lower()) if len(w) >= 2]
+        if not parts or any(re.search(rf"\b{re.escape(w)}\b", text) for w in parts):
+            return None
+        return value
+    return None
+
+
 def _squash(text: Any) -> str:
     """Lower-case letters and digits only: "#W12-3" and "w123" meet."""
     return re.sub(r"[\W_]+", "", str(text or "").lower())
@@ -847,7 +953,7 @@ def _first_diff(x: Any, y: Any) -> str:
     return f"...{sx[max(0, i - 40):i + 40]}... vs ...{sy[max(0, i - 40):i + 40]}..."
 
 
-def _isolation(host: Host, reference: list[Episode], findings: Findings) -> bool:
+def _isolation(host: Host, reference: list[Episode], findings: Findings, b: str = "b", c: str = "c") -> bool:
     """Replay each reference episode on instance b while instance c plays another seed in
     lockstep: c is reset right after b, then each step of b follows one step of c."""
     for k, e in enumerate(reference):
@@ -857,14 +963,14 @@ def _isolation(host: Host, reference: list[Episode], findings: Findings) -> bool
 
         def interleaved(t: int, msgs: list) -> Any:
             if t == 0:
-                state["live"] = host.op("isolation reset", "reset", "c", other.seed) is not None
+                state["live"] = host.op("isolation reset", "reset", c, other.seed) is not None
             extra = next(theirs, None) if state["live"] else None
             if extra is not None:
-                value = host.op("isolation step", "step", "c", extra)
+                value = host.op("isolation step", "step", c, extra)
                 state["live"] = value is not None and not (value[2] or value[3])
             return next(mine, None)
 
-        if not _same(e, host.episode("b", e.seed, interleaved, "isolation"), "isolation",
+        if not _same(e, host.episode(b, e.seed, interleaved, "isolation"), "isolation",
                      "an episode run while another instance played a different seed", findings,
                      hint=" Instances must share no mutable state: copy module-level data per reset "
                           "and keep no episode state on the class."):

@@ -87,7 +87,7 @@ MODULE_NAMES: dict[str, frozenset[str]] = {m: frozenset(n.split()) for m, n in {
     "functools": "reduce partial lru_cache cache cached_property total_ordering wraps cmp_to_key",
     "statistics": "mean fmean median median_low median_high median_grouped mode multimode stdev "
                   "pstdev variance pvariance geometric_mean harmonic_mean quantiles StatisticsError",
-    "decimal": "Decimal Context localcontext getcontext InvalidOperation DivisionByZero "
+    "decimal": "Decimal Context localcontext InvalidOperation DivisionByZero "
                "DecimalException ROUND_05UP ROUND_CEILING ROUND_DOWN ROUND_FLOOR ROUND_HALF_DOWN "
                "ROUND_HALF_EVEN ROUND_HALF_UP ROUND_UP",
     "fractions": "Fraction",
@@ -205,7 +205,7 @@ def _audit(source: str | bytes, filename: str, result: StaticResult) -> None:
         return
     m = _Module(tree)
     for rule in (check_imports, check_reach, check_builtins, check_dunders, check_entropy,
-                 check_lookups):
+                 check_lookups, check_format_values, check_regexes):
         found = sorted(rule(m), key=lambda pair: (pair[0].lineno, pair[0].col_offset))
         result.findings += [f for _, f in found]
     result.findings += check_shape(m, result.shape)
@@ -650,6 +650,53 @@ def check_lookups(m: _Module):
                               f".{name} reads {problem}")
 
 
+def _maybe_none(node: ast.AST) -> bool:
+    """Whether ``node`` can be None as written: ``None``, ``seed or None``, ``x if c else None``
+    (random.Random(None) seeds from the OS, and seed 0 is falsy)."""
+    if isinstance(node, ast.Constant):
+        return node.value is None
+    if isinstance(node, ast.BoolOp):
+        return any(_maybe_none(v) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _maybe_none(node.body) or _maybe_none(node.orelse)
+    return False
+
+
+def _own(node: ast.Attribute) -> bool:
+    """Whether ``node`` is ``self.NAME`` or ``cls.NAME``."""
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
+def check_format_values(m: _Module):
+    """``.format``/``.format_map`` only called, never used as a value: ``partial(str.format)``,
+    ``map("{}".format, ...)`` or a bound ``f = s.format`` reach a format call that check_lookups
+    cannot see, whose fields (``{0.x.__globals__}``) read attributes named at run time."""
+    called = {id(n.func) for n in m.nodes[ast.Call]}
+    for node in m.nodes[ast.Attribute]:
+        if node.attr in ("format", "format_map") and id(node) not in called:
+            yield _at("static.dunder", node, f"{_spelled(node)} uses .{node.attr} as a value: a "
+                      "format call reached that way can read attributes its fields name at run "
+                      "time; call .format() directly on a string literal, or use an f-string")
+
+
+_NESTED_QUANTIFIER = re.compile(r"\((?:\?:)?(?:\\.|\[[^\]]*\]|[^()\\])[+*]\)[+*{]")
+
+
+def check_regexes(m: _Module):
+    """No nested quantifiers in regex literals (``(-+)+$``, ``(a*)*``): on a long run of one
+    character they backtrack exponentially, a step that never returns."""
+    for node in m.nodes[ast.Call]:
+        d = m.dotted(node.func) or ""
+        if not d.startswith("re.") or not node.args:
+            continue
+        pattern = node.args[0]
+        if isinstance(pattern, ast.Constant) and isinstance(pattern.value, str) \
+                and _NESTED_QUANTIFIER.search(pattern.value):
+            yield _at("bounded", node, f"{_spelled(node)}: the pattern {pattern.value[:60]!r} "
+                      "nests a quantifier inside a quantified group, which backtracks exponentially "
+                      "on long runs of one character; quantify the inner or the outer part, not both")
+
+
 def _through_module(m: _Module, node: ast.Attribute) -> bool:
     """Whether ``node`` is ``module.NAME`` (check_reach owns those)."""
     return isinstance(node.value, ast.Name) and node.value.id in m.modules
@@ -677,13 +724,13 @@ def check_entropy(m: _Module):
                       "seed (a fixed base date plus rng offsets)")
     for node in m.nodes[ast.Call]:
         seed = node.args[0] if node.args else next((k.value for k in node.keywords), None)
-        unseeded = (seed is None or isinstance(seed, ast.Starred)
-                    or isinstance(seed, ast.Constant) and seed.value is None)
+        unseeded = (seed is None or isinstance(seed, ast.Starred) or _maybe_none(seed)
+                    or any(k.arg is None for k in node.keywords))  # Random(**{}): unseen seed
         if m.dotted(node.func) == "random.Random" and unseeded:
             yield _at("static.entropy", node, f"{_spelled(node)} makes a random.Random with no "
                       f"seed, so the OS seeds it; {use_rng}")
         elif (isinstance(node.func, ast.Attribute) and node.func.attr == "seed" and unseeded
-              and "seed" not in m.defined):
+              and not (_own(node.func) and "seed" in m.defined)):  # self.seed = ... disarms nothing
             yield _at("static.entropy", node, f"{_spelled(node)} re-seeds a generator from the "
                       f"OS; {use_rng}")
 

@@ -129,6 +129,8 @@ class Env(BaseEnv):
         if sc["skill"] == "third_party":
             return THIRD_PARTY_CLAIM.search(t) is not None
         rule = sc["rule"]
+        if not rule:  # an allowed request breaks no rule: no reason for refusing it is right
+            return False
         said = _say(rule.get("banned", rule.get("limit")))
         return "policy" in t or _norm(said) in t or _norm(PLAN["titles"].get(rule["param"], rule["param"])) in t
 

@@ -1,0 +1,195 @@
+"""The holes a red team found in the gate (tests/redteam_unseen, issue 15), closed in general:
+each test writes its own variant of the clean env (nothing keyed on the red team's envs)."""
+from __future__ import annotations
+
+import pytest
+
+from envforge.gate.static import audit_static
+from tests.test_static import rejects, variant, with_code
+
+
+@pytest.mark.parametrize("code", [
+    "rng = random.Random(**{})",                 # the seed is behind **: unseen, so unseeded
+    "rng = random.Random(seed or None)",         # seed 0 is falsy: the OS seeds it
+    "rng = random.Random(seed if seed else None)",
+])
+def test_seeds_that_can_be_none_or_are_unseen_are_unseeded(code):
+    rejects(with_code(code), "static.entropy", "no seed")
+
+
+def test_a_seed_attribute_does_not_disarm_the_reseed_rule():
+    src = with_code("self.seed = seed\n        self._rng.seed()")
+    rejects(src, "static.entropy", "re-seeds a generator from the OS")
+
+
+def test_reseeding_with_a_value_is_fine():
+    assert audit_static(with_code("self.seed = seed\n        self._rng.seed(seed + 1)")).ok
+
+
+@pytest.mark.parametrize("code", [
+    "fmt = functools.partial(str.format, '{0}')",
+    "fill = '{}'.format\n        fill(1)",
+    "out = list(map('{}'.format_map, [{}]))",
+])
+def test_format_used_as_a_value_is_a_dunder_finding(code):
+    src = variant("import random\n", "import functools\nimport random\n")
+    rejects(with_code(code, src), "static.dunder", "as a value")
+
+
+def test_format_called_on_a_literal_is_fine():
+    assert audit_static(with_code("s = '{} {}'.format(1, seed)")).ok
+
+
+def test_process_wide_decimal_context_is_not_reachable():
+    src = variant("import random\n", "import decimal\nimport random\n")
+    rejects(with_code("decimal.getcontext().prec = 3", src), "static.import", "getcontext")
+    assert audit_static(with_code("d = decimal.Decimal('1.5')", src)).ok
+
+
+@pytest.mark.parametrize("pattern", [r"(-+)+$", r"(a*)*b", r"^([a-z]+)*$", r"(?:\w+)+"])
+def test_nested_quantifiers_in_a_regex_literal_are_a_bounded_finding(pattern):
+    src = variant("import random\n", "import random\nimport re\n")
+    rejects(with_code(f"m = re.match({pattern!r}, 'x')", src), "bounded", "backtracks exponentially")
+
+
+@pytest.mark.parametrize("pattern", [r"(\d+,)*\d+", r"^(\w+)\s", r"(?:ab)+", r"\(a+\)+", r"[a-z]+-\d+",
+                                     r"\$?(\d{1,3}(?:,\d{3})+|\d+)", r"(x{2,9})+"])
+def test_plain_regexes_are_fine(pattern):
+    src = variant("import random\n", "import random\nimport re\n")
+    assert audit_static(with_code(f"m = re.match({pattern!r}, 'x')", src)).ok
+
+
+# --------------------------------------------------------------------------- dynamic probes
+
+import json  # noqa: E402
+import random  # noqa: E402
+
+from envforge.gate import audit  # noqa: E402
+from envforge.gate.config import GateSettings  # noqa: E402
+from envforge.gate.dynamic import _unobserved_value  # noqa: E402
+from envforge.gate.probes import literals, markdown_text  # noqa: E402
+from tests.envfactory import override, write_env  # noqa: E402
+from tests.test_redteam import SETTINGS  # noqa: E402
+
+PAY = """
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                text = action.get("content") if isinstance(action, dict) else None
+                if {condition}:
+                    return obs, 1.0, True, False, info
+                return obs, reward, terminated, truncated, info
+"""
+CALLS = '(action.get("tool_calls") or [] if isinstance(action, dict) else [])'
+
+ATTACKS = {
+    # a phrase of the env's own (not the reference's, not a word list's) pays the full score
+    "own_phrase_pays": (override(PAY.format(
+        condition='isinstance(text, str) and "ticket squared away" in text.lower()')), "free_reward", "own words"),
+    # markdown (a blank line) pays: drawn texts were single-line words
+    "blank_line_pays": (override(PAY.format(condition='isinstance(text, str) and "\\n\\n" in text')),
+                        "free_reward", "do-nothing"),
+    # a bonus for each message with several calls: totals above 1
+    "several_calls_bonus": (override("""
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                if len(""" + CALLS + """) > 1:
+                    reward = min(1.0, reward + 0.3)
+                return obs, reward, terminated, truncated, info
+        """), "contract.runtime", "exceeds 1"),
+    # a surrounding space on any argument hangs
+    "hang_on_padded_argument": (override("""
+            def step(self, action):
+                for c in """ + CALLS + """:
+                    args = c.get("function", {}).get("arguments") if isinstance(c, dict) else None
+                    if isinstance(args, str) and '" ' in args and ' "' in args:
+                        while True:
+                            pass
+                return _Base.step(self, action)
+        """), "bounded", ""),
+    # a recursive argument walk: deep nesting raises RecursionError
+    "recursive_argument_walk": (override("""
+            def step(self, action):
+                def depth(x):
+                    return 1 + max([depth(y) for y in x] or [0]) if isinstance(x, list) else 0
+                for c in """ + CALLS + """:
+                    args = c.get("function", {}).get("arguments") if isinstance(c, dict) else None
+                    if isinstance(args, str) and args.startswith("{"):
+                        try:
+                            value = json.loads(args)
+                        except ValueError:
+                            value = {}
+                        if isinstance(value, dict):
+                            [depth(v) for v in value.values()]
+                return _Base.step(self, action)
+        """), "robustness", "RecursionError"),
+    # step rewards drift after some thousands of resets (reset results do not)
+    "step_drift_after_resets": (override("""
+            used = [0]
+            def reset(self, seed):
+                Env.used[0] += 1
+                return _Base.reset(self, seed)
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                return obs, (0.0 if Env.used[0] > 1900 else reward), terminated, truncated, info
+        """), "determinism", "resets"),
+    # instances from the 10th on share one world (the gate used to make five)
+    "shared_from_tenth_instance": (override("""
+            made = [0]
+            shared = {}
+            def __init__(self):
+                Env.made[0] += 1
+                self.mine = {} if Env.made[0] < 10 else Env.shared
+            def reset(self, seed):
+                self.mine["seed"] = seed
+                return _Base.reset(self, seed)
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                return obs, reward * (self.mine.get("seed", 0) % 7 + 1) / 7, terminated, truncated, info
+        """), ("isolation", "determinism"), ""),
+    # about 1 KiB kept per reset: under any total threshold, not under a per-reset one
+    "slow_leak_per_reset": (override("""
+            kept = []
+            def reset(self, seed):
+                Env.kept.append("x" * 1000 + str(seed))
+                return _Base.reset(self, seed)
+        """), "bounded", "a reset"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_on_an_old_hole_is_rejected(tmp_path, name):
+    source, checks, message = ATTACKS[name]
+    checks = {checks} if isinstance(checks, str) else set(checks)
+    assert audit_static(source).ok, "the attack must pass the static audit"
+    report = audit(write_env(tmp_path / name, source), settings=GateSettings(**SETTINGS), write_report=False)
+    found = [f.to_dict() for f in report.findings if f.severity == "error"]
+    assert report.verdict == "reject"
+    assert any(f["check"] in checks and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+def test_markdown_texts_have_newlines_blank_lines_and_long_runs():
+    rng = random.Random(7)
+    texts = [markdown_text(rng, ["word", "other"], 3000) for _ in range(5)]
+    assert all("\n" in t for t in texts) and any("\n\n" in t for t in texts)
+    assert any(run * 20 in t for t in texts for run in "-=*_#~.")
+
+
+def test_literals_are_the_envs_own_short_words():
+    words = literals('X = "all good"\ndef f():\n    return {"k": "v1"}, "a\\nb", "' + "y" * 80 + '"\n')
+    assert "all good" in words and "v1" in words and "k" in words
+    assert not any("\n" in w or len(w) > 60 for w in words)
+
+
+@pytest.mark.parametrize("value, schema, messages, hidden", [
+    (7, {}, ["Please extend it by 7 days."], False),
+    (7, {}, ["Please extend it by seven days."], False),
+    (7, {}, ["Please extend it by a few days (loan 2027-07-17)."], True),
+    (7, {}, ["Loan L-17, 70 items"], True),
+    ("sms", {"enum": ["sms", "email"]}, ['{"email": "a@b.c"}', "reset my password"], True),
+    ("sms", {"enum": ["sms", "email"]}, ["send it by SMS please"], False),
+    ("email", {"enum": ["sms", "email"]}, ["use my email"], False),
+    ("hr_portal", {"enum": ["hr_portal", "wiki"]}, ['{"system": "hr_portal"}'], False),
+    ("x", {}, ["nothing"], False),  # free strings are the string rule's, not this one's
+])
+def test_hidden_numbers_and_enum_choices(value, schema, messages, hidden):
+    assert (_unobserved_value(value, schema, messages) is not None) == hidden
