@@ -229,7 +229,7 @@ def test_from_capabilities_json(tmp_path, out):
         f"capability {name!r} matches none of the template synthesizer's {len(FAMILIES)} families "
         f"(envforge synth -c {name!r} lists them); use --llm openai, which takes any capability"
         for name in ("greets the customer politely", "smiles")]
-    assert sorted(x.name for x in out.iterdir()) == [
+    assert sorted(x.name for x in out.iterdir() if x.is_dir()) == [
         "helpdesk_confirmation_before_write", "helpdesk_escalation_judgement", SLUG]
     # identify's example tasks reach the env's manifest (train copies them; the router shows them)
     assert json.loads((out / SLUG / "manifest.json").read_text())["examples"] == [
