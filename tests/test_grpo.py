@@ -122,6 +122,8 @@ def test_mean_reward_rises_on_a_learnable_env(hermes_dir, env_dir, tmp_path):
     first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
     assert last > first + 0.2, curve
     assert all(h["tokens_per_s"] > 0 and 0 <= h["constant_fraction"] <= 1 for h in result.history)
+    as_json = json.loads(json.dumps(result.to_dict()))  # the typed result, as JSON types
+    assert as_json["history"] == result.history and as_json["out"] == str(result.out)
 
 
 def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):

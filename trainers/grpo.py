@@ -118,6 +118,10 @@ class TrainResult:
     history: list[dict]
     manifest: dict
 
+    def to_dict(self) -> dict:
+        """The adapter folder, its manifest and the per-iteration statistics, as JSON types."""
+        return {"out": str(self.out), "manifest": self.manifest, "history": self.history}
+
 
 def add_adapter(model, config: GRPOConfig):
     """``model`` wrapped with a fresh trainable LoRA adapter (peft); only it requires grad."""
