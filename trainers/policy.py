@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from envforge.errors import InputError, UsageError
-from trainers.templates import FAMILIES as TEMPLATES
+from trainers.templates import CHAT_FORMATS as TEMPLATES
 
-FAMILIES = tuple(TEMPLATES)
+CHAT_FORMATS = tuple(TEMPLATES)
 _CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _LLAMA_STRIP = ("<|python_tag|>",)
 _END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>")
@@ -43,7 +43,7 @@ _END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|en
 
 # --------------------------------------------------------------------------- families
 
-def detect_family(chat_template: str | None) -> str:
+def detect_chat_format(chat_template: str | None) -> str:
     """The tool-call family of a chat template: ``hermes`` or ``llama3``."""
     if not chat_template:
         raise InputError("the tokenizer has no chat_template: set one (tokenizer.chat_template = "
@@ -160,7 +160,7 @@ def parse(text: str, family: str) -> dict:
         return parse_hermes(text)
     if family == "llama3":
         return parse_llama3(text)
-    raise UsageError(f"unknown template family {family!r}; known: {', '.join(FAMILIES)}")
+    raise UsageError(f"unknown template family {family!r}; known: {', '.join(CHAT_FORMATS)}")
 
 
 # --------------------------------------------------------------------------- the policy
@@ -177,9 +177,9 @@ class Policy:
 
     def __init__(self, model: Any, tokenizer: Any, family: str | None = None, name: str = ""):
         self.model, self.tokenizer = model, tokenizer
-        self.family = family or detect_family(getattr(tokenizer, "chat_template", None))
-        if self.family not in FAMILIES:
-            raise UsageError(f"unknown template family {self.family!r}; known: {', '.join(FAMILIES)}")
+        self.family = family or detect_chat_format(getattr(tokenizer, "chat_template", None))
+        if self.family not in CHAT_FORMATS:
+            raise UsageError(f"unknown template family {self.family!r}; known: {', '.join(CHAT_FORMATS)}")
         self.name = name
         self.eot = TEMPLATES[self.family][2]
         self.stop_ids = sorted({i for i in (tokenizer.convert_tokens_to_ids(t) for t in

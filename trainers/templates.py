@@ -92,7 +92,7 @@ LLAMA3 = (
 )
 
 #: family -> (template, special tokens, end-of-turn token, bos token or None)
-FAMILIES = {
+CHAT_FORMATS = {
     "hermes": (HERMES, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
                         "<tool_response>", "</tool_response>"], "<|im_end|>", None),
     "llama3": (LLAMA3, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainers.templates import FAMILIES
+from trainers.templates import CHAT_FORMATS
 
 CORPUS = [
     '{"name": "get_order", "arguments": {"order_id": "#W1234"}}',
@@ -32,7 +32,7 @@ def make_tokenizer(family: str = "hermes", vocab_size: int = 600):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    template, specials, eot, bos = FAMILIES[family]
+    template, specials, eot, bos = CHAT_FORMATS[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -74,7 +74,7 @@ def save_tiny(path: str | Path, family: str = "hermes", **kw) -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="hermes")
+    ap.add_argument("--family", choices=sorted(CHAT_FORMATS), default="hermes")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)

@@ -28,9 +28,9 @@ from typing import Callable
 
 import torch
 
-from trainers.templates import FAMILIES, HERMES_COMPACT
+from trainers.templates import CHAT_FORMATS, HERMES_COMPACT
 
-SPECIALS = FAMILIES["hermes"][1] + ["[UNK]"]
+SPECIALS = CHAT_FORMATS["hermes"][1] + ["[UNK]"]
 GLUE = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '": ', "}}"]
 PIECES = r"\s+|\d{1,3}|[^\W\d]+|[^\w\s]"
 

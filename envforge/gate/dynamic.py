@@ -97,7 +97,7 @@ class GiveUp(Exception):
 
 
 @dataclass
-class Episode:
+class ProbeEpisode:
     seed: int
     actions: list = field(default_factory=list)
     trace: list = field(default_factory=list)   # [reset value, step value, ...]
@@ -200,9 +200,9 @@ class Host:
             self.findings.add("bounded", f"{where}: the sandbox died: {e}", key=("bounded", "crash"))
         return None
 
-    def episode(self, name: str, seed: int, policy: Callable[[int, list], Any], label: str) -> Episode:
+    def episode(self, name: str, seed: int, policy: Callable[[int, list], Any], label: str) -> ProbeEpisode:
         """Reset instance ``name`` to ``seed``; step with ``policy(t, messages) -> action | None``."""
-        ep = Episode(seed)
+        ep = ProbeEpisode(seed)
         value = self.op(f"{label} reset(seed={seed})", "reset", name, seed)
         if value is None or not check_reset(value, self.meta, self.findings, f"reset(seed={seed})"):
             ep.ok = False
@@ -234,7 +234,7 @@ class Host:
                               f"(seed {seed}); step rewards must sum to at most 1.", key=("score", ">1"))
         return ep
 
-    def replay(self, name: str, ep: Episode, label: str) -> Episode:
+    def replay(self, name: str, ep: ProbeEpisode, label: str) -> ProbeEpisode:
         return self.episode(name, ep.seed, scripted(ep.actions), label)
 
 
@@ -446,7 +446,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     by_name = {t["function"]["name"]: t for t in tools}
 
     say("reference solutions")
-    reference: list[Episode] = []
+    reference: list[ProbeEpisode] = []
     for seed in seeds:
         plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
         plan = _check_plan(plan, by_name, findings, seed) if plan is not None else None
@@ -485,7 +485,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     say("does the env test its capability")
     contrast = _capability(host, by_name, solved, settings, findings, stats, draws)
 
-    def mean(eps: list[Episode]) -> float:
+    def mean(eps: list[ProbeEpisode]) -> float:
         done = [e.score for e in eps if e.ok]
         return sum(done) / len(done) if done else 0.0
 
@@ -552,7 +552,7 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
 
 
-def _band_pays(eps: list[Episode], full: list[int]) -> bool:
+def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
     """Whether the full score is paid on a fifth or more (two at least) of the seeds below 1000:
     training's seeds count up from 0, so free reward kept to small seeds is diluted by the
     large ones in a count over all of them."""
@@ -633,8 +633,8 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
 _GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|find", re.I)
 
 
-def _capability(host: Host, by_name: dict, solved: list[Episode], settings: GateSettings,
-                findings: Findings, stats: dict, draws: Draws) -> list[Episode]:
+def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings: GateSettings,
+                findings: Findings, stats: dict, draws: Draws) -> list[ProbeEpisode]:
     """Does the env test its capability? Probes built from the reference solution: its words
     without its tool calls, each write argument changed in turn, its reads removed (for
     capabilities about gathering or checking), its tools'
@@ -658,7 +658,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
                      "need the tool calls, not a phrase.")
     # each write argument changed in turn
     tried: dict[tuple[str, str], list] = {}
-    contrast: list[Episode] = []  # changed arguments that lowered the score (replayed after the resets)
+    contrast: list[ProbeEpisode] = []  # changed arguments that lowered the score (replayed after the resets)
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
@@ -732,7 +732,7 @@ def _capability(host: Host, by_name: dict, solved: list[Episode], settings: Gate
     # concern a task the env draws on a tenth of its seeds)
     choices: dict[tuple[str, str], list] = {}
 
-    def count(e: Episode) -> None:
+    def count(e: ProbeEpisode) -> None:
         for name, key, value, hidden in _choices(e, by_name):
             rec = choices.setdefault((name, key), [0, 0, None])  # calls, hidden, an example
             rec[0] += 1
@@ -828,7 +828,7 @@ def _properties(by_name: dict, name: str) -> dict:
     return props if isinstance(props, dict) else {}
 
 
-def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
+def _unobserved(e: ProbeEpisode, by_name: dict, schema_text: str) -> tuple | None:
     """The first (tool, argument, value) of the reference that names something the agent had not
     seen by then: a string (up to three words) absent from every message so far and the schemas."""
     seen = [schema_text] + [_squash(m.get("content")) for m in e.trace[0][0]["messages"]]
@@ -850,7 +850,7 @@ def _unobserved(e: Episode, by_name: dict, schema_text: str) -> tuple | None:
     return None
 
 
-def _choices(e: Episode, by_name: dict):
+def _choices(e: ProbeEpisode, by_name: dict):
     """(tool, argument, value, hidden) for each integer and enum argument of the reference's calls;
     hidden when no message before the call shows it (``_unobserved_value``)."""
     raw = [str(m.get("content") or "") if m.get("role") != "system" else "" for m in e.trace[0][0]["messages"]]
@@ -929,7 +929,7 @@ def _check_plan(plan: Any, by_name: dict, findings: Findings, seed: int) -> list
     return plan
 
 
-def _same(a: Episode, b: Episode, check: str, how: str, findings: Findings, hint: str = "") -> bool:
+def _same(a: ProbeEpisode, b: ProbeEpisode, check: str, how: str, findings: Findings, hint: str = "") -> bool:
     """Compare two runs of one episode; on a difference add a finding and return False."""
     if not (a.ok and b.ok):
         return True
@@ -953,7 +953,7 @@ def _first_diff(x: Any, y: Any) -> str:
     return f"...{sx[max(0, i - 40):i + 40]}... vs ...{sy[max(0, i - 40):i + 40]}..."
 
 
-def _isolation(host: Host, reference: list[Episode], findings: Findings, b: str = "b", c: str = "c") -> bool:
+def _isolation(host: Host, reference: list[ProbeEpisode], findings: Findings, b: str = "b", c: str = "c") -> bool:
     """Replay each reference episode on instance b while instance c plays another seed in
     lockstep: c is reset right after b, then each step of b follows one step of c."""
     for k, e in enumerate(reference):
@@ -984,13 +984,13 @@ def _quiet():
     return with_reporter(lambda *a, **k: None)
 
 
-def _random_episodes(host: Host, tools: list, n: int, draws: Draws) -> list[Episode]:
+def _random_episodes(host: Host, tools: list, n: int, draws: Draws) -> list[ProbeEpisode]:
     """``n`` episodes of schema-valid calls and drawn chatter, drawn by hypothesis under the probe
     seed (seeds drawn too, so that hypothesis may replay any example and get the same draws)."""
     from hypothesis import HealthCheck, Phase, given, seed, settings as hsettings, strategies as st
     from envforge.gate.strategies import valid_call
 
-    out: list[Episode] = []
+    out: list[ProbeEpisode] = []
     say = st.tuples(st.just("say"), st.sampled_from(draws.texts))
     step = st.tuples(st.just("call"), valid_call(tools)) | say if tools else say
 
