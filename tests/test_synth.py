@@ -341,12 +341,18 @@ def test_identify_then_synth_from_works_offline(tmp_path, out):
     assert r.exit_code == 0
 
 
-def test_the_gate_probes_of_synth_come_from_a_secret_of_the_output_folder(tmp_path):
+def test_the_gate_probes_of_synth_come_from_a_secret_of_the_output_folder(tmp_path, monkeypatch):
     """The same code gets the same audit on a re-run (the LLM cache answers its repair request),
     yet env code cannot predict the draws: a quine can hash its own source, not this secret."""
     from envforge.synth import probe_secret
+    monkeypatch.delenv("ENVFORGE_PROBE_SECRET")
     a = probe_secret(tmp_path / "a")
     assert len(a) == 16 and probe_secret(tmp_path / "a") == a
     assert probe_secret(tmp_path / "b") != a
     (tmp_path / "a" / ".envforge-probe-secret").write_text("not hex\n")
     assert len(probe_secret(tmp_path / "a")) == 16  # a damaged secret is made anew
+    monkeypatch.setenv("ENVFORGE_PROBE_SECRET", "zz")
+    with pytest.raises(UsageError, match="ENVFORGE_PROBE_SECRET must be hex"):
+        probe_secret(tmp_path / "a")
+    monkeypatch.setenv("ENVFORGE_PROBE_SECRET", "0a0b")
+    assert probe_secret(tmp_path / "a") == probe_secret(tmp_path / "c") == bytes.fromhex("0a0b")

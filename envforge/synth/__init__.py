@@ -314,7 +314,15 @@ _SECRET_LOCK = threading.Lock()
 
 
 def probe_secret(out_dir: Path) -> bytes:
-    """16 random bytes made once per output folder (``.envforge-probe-secret``, not for git)."""
+    """16 random bytes made once per output folder (``.envforge-probe-secret``, not for git), or
+    ``$ENVFORGE_PROBE_SECRET`` (hex) where set: the same draws in every folder, for a CI that must
+    give the same verdicts on every run."""
+    fixed = os.environ.get("ENVFORGE_PROBE_SECRET")
+    if fixed is not None:
+        try:
+            return bytes.fromhex(fixed.strip())
+        except ValueError:
+            raise UsageError(f"ENVFORGE_PROBE_SECRET must be hex digits, got {fixed!r}") from None
     path = out_dir / ".envforge-probe-secret"
     with _SECRET_LOCK:
         try:
