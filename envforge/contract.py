@@ -235,7 +235,8 @@ class Report:
 @dataclass(frozen=True)
 class Limits(Settings):
     """Resource limits for one sandboxed env process (or container)."""
-    call_timeout_s: float = setting(5.0, "Seconds one reset/step/solve call may take (wall clock; also its CPU time).", above=0)
+    call_timeout_s: float = setting(5.0, "Seconds one reset/step/solve call may take (wall clock; "
+                                         "also its CPU time).", above=0)
     load_timeout_s: float = setting(10.0, "Seconds to start the sandbox and load env.py.", above=0)
     memory_mb: int = setting(1024, "Address-space limit of the sandboxed env process, MiB "
                              "(below 64 no Python interpreter starts; use >= 256).", low=64)
