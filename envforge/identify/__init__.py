@@ -26,6 +26,7 @@ from envforge.identify.llm import LLMLabeller, labelling_schema, merge_candidate
 from envforge.identify.rules import STRUCTURAL_RULES, Verdict, label_structural, view
 from envforge.identify.stats import (capability_entry, capability_stats, group_warnings,
                                      is_retained, labels_of, run_statistics)
+from envforge.progress import Progress, reporter
 from envforge.tools import tool_kind
 from envforge.trajectories import Trajectory, first_user_text, render
 
@@ -103,13 +104,14 @@ def task_text(t: Trajectory) -> str:
 
 def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None = None, *,
              meta: dict[str, dict] | None = None, policy: str | None = None,
-             client: Any = None) -> Identification:
+             client: Any = None, progress: Progress | None = None) -> Identification:
     """Label, compute the statistics, select.
 
     ``meta`` is the target's tool metadata (read/write), ``policy`` its policy text (what the
     rules may check: whether writes need confirmation, time windows), ``client`` an
     :class:`envforge.llm.LLMClient` for the LLM and hybrid labellers (made from ``config`` when
-    None).
+    None). ``progress`` gets a ``Step`` (``envforge.progress``) per phase, and one per LLM call
+    finished with ``done``/``total``.
     """
     config = config or IdentifyConfig()
     trajectories = list(trajectories)
@@ -118,21 +120,26 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
                          "give files with at least one run")
     success = [t.reward >= config.success_threshold for t in trajectories]
     warnings = group_warnings(success, config.min_group)
+    say = reporter(progress)
     llm_info = None
     reads_expected = {r.capability.name: r.reads_expected for r in STRUCTURAL_RULES}
     if config.labeller == "structural":
+        say(f"labelling {len(trajectories)} trajectories by the rules")
         caps, verdicts = label_structural(trajectories, meta, policy)
     else:
         if client is None:
             from envforge.llm import LLMClient
             client = LLMClient(config.model or "", cache_dir=config.cache_dir, cache=config.cache,
                                rate_limit=config.rate_limit)
-        labeller = LLMLabeller(client, config, policy)
+        labeller = LLMLabeller(client, config, policy, progress)
         if config.labeller == "hybrid":
             caps, proposals = label_structural(trajectories, meta, policy)
+            say(f"labelling {len(trajectories)} trajectories by the rules and {client.model}")
             verdicts = labeller.label(trajectories, caps, proposals)
         else:
+            say(f"discovering capabilities with {client.model}")
             caps = labeller.discover([t for t, ok in zip(trajectories, success) if not ok])
+            say(f"labelling {len(trajectories)} trajectories with {client.model}")
             verdicts = labeller.label(trajectories, caps)
             reads_expected = {}  # the model is shown the reference solution, not ruled by it
         s = client.stats
@@ -140,6 +147,7 @@ def identify(trajectories: Sequence[Trajectory], config: IdentifyConfig | None =
                     "retries": s.retries, "discovery_requests": labeller.discovery_calls,
                     "invalid_replies": labeller.invalid_replies}
     labels = [{n: x.label for n, x in v.items()} for v in verdicts]
+    say(f"statistics of {len(caps)} capabilities over {config.runs} bootstrap run(s)")
     entries = []
     for cap in caps:
         labs = labels_of(cap.name, labels)
