@@ -30,16 +30,12 @@ from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
 from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
-from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
-from envforge.identify import report as identify_report
 from envforge.progress import Step
 from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
-from sandbox.base import diagnose
-from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import EvalConfig, parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -181,6 +177,7 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
 
     Exit 0 when every env is accepted, 1 when any is rejected, 2 on usage errors.
     """
+    from envforge.gate import audit as run_audit, resolve_env
     gate = settings(GateSettings, kwargs, limits=settings(Limits, kwargs))
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
@@ -315,6 +312,7 @@ def sandbox_group() -> None:
               "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
 def sandbox_build(base):
     """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
+    from sandbox.docker import build_image
     with Display("building the sandbox image") as display:
         tag = build_image(base=base, progress=display)
     click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
@@ -333,6 +331,7 @@ def sandbox_doctor(as_json, clean):
     """
     from rich.table import Table
 
+    from sandbox.base import diagnose
     strays = _clean_strays() if clean else None  # first: a Docker probe would reap them unseen
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
@@ -363,6 +362,7 @@ def sandbox_doctor(as_json, clean):
 def _clean_strays() -> list[dict]:
     """Remove the Docker engine's stray sandbox containers; what was found (none without an
     engine: said on stderr)."""
+    from sandbox.docker import DockerBackend
     try:
         return DockerBackend().clean()
     except SandboxUnavailable as e:
@@ -410,7 +410,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
 
     config = settings(ident.IdentifyConfig, kwargs)
     if config.labeller != "structural" and not config.model:
-        raise click.UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
+        raise UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
                                "serves)")
     tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
@@ -424,7 +424,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = identify_report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -432,7 +432,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         emit_json(result.to_dict())
         return
     con = console()
-    con.print(identify_report.table(result))
+    con.print(report.table(result))
     con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
               + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
               highlight=False)
