@@ -691,7 +691,7 @@ def route(model, adapters, tasks, tasks_file, threads, **kwargs):
     from trainers.router import Router
     set_threads(threads)
     router = Router.load(_model(model), adapters, examples=config.examples)
-    emit_json([router.route(t) for t in texts])
+    emit_json([router.route(t).to_dict() for t in texts])
 
 
 @main.command("eval")

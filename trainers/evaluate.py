@@ -169,8 +169,8 @@ def route_seeds(policy, factory: EnvFactory, env: str, seeds: list[int], routes:
                 buckets[NONE].append(s)
                 continue
             d = policy.router.route(first_user_text(obs["messages"]))
-            routes.append({"env": env, "seed": s, "choice": d["choice"], "probabilities": d["probabilities"]})
-            buckets[d["choice"]].append(s)
+            routes.append({"env": env, "seed": s, "choice": d.choice, "probabilities": d.probabilities})
+            buckets[d.choice].append(s)
     finally:
         if e is not None:
             e.close()
