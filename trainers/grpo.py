@@ -31,11 +31,13 @@ import json
 import shutil
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from envforge import __version__
 from envforge.errors import UsageError
 from envforge.progress import Progress, Step
 from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
@@ -292,7 +294,6 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the run
     def train(self) -> TrainResult:
-        from concurrent.futures import ThreadPoolExecutor
         c = self.config
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
@@ -341,7 +342,6 @@ class GRPOTrainer:
 
     def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
         """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""
-        from envforge import __version__
         self.out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(self.out))
         env_manifest = {}
