@@ -17,7 +17,7 @@ from tests.envfactory import GOOD_DIR  # noqa: E402
 from trainers.calibrate import report  # noqa: E402
 from trainers.evaluate import parse_seeds, read_task_texts, read_tasks, route_seeds  # noqa: E402
 from trainers.rollout import Episode, mean_ci  # noqa: E402
-from trainers.router import find_adapters, routing_messages  # noqa: E402
+from trainers.router import Route, find_adapters, routing_messages  # noqa: E402
 
 
 def eps(scores):
@@ -144,7 +144,7 @@ def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():
     class Router:
         def route(self, task):
             seen.append(task)
-            return {"choice": "a", "probabilities": {"none": 0.1, "a": 0.9}}
+            return Route(task, "a", "1", {"none": 0.1, "a": 0.9})
 
     class Policy:
         router = Router()
