@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
 
 from envforge import __version__
 from envforge.errors import UsageError
@@ -135,7 +137,6 @@ class TrainResult:
 
 def add_adapter(model, config: GRPOConfig):
     """``model`` wrapped with a fresh trainable LoRA adapter (peft); only it requires grad."""
-    from peft import LoraConfig, get_peft_model
     torch.manual_seed(config.seed)
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=config.target_modules, bias="none", task_type="CAUSAL_LM")
@@ -171,8 +172,6 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, env_hash: str) -> Path:
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
         final = self.out / CHECKPOINT
         tmp = self.out / (CHECKPOINT + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -193,8 +192,6 @@ class GRPOTrainer:
         return final
 
     def load_checkpoint(self, env_hash: str) -> bool:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
         ck = self.out / CHECKPOINT
         if not (ck / "state.json").is_file():
             return False
