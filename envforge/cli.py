@@ -661,7 +661,9 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
     from trainers.calibrate import calibrate as run
     from trainers.policy import load_policy, set_threads
     set_threads(threads)
-    result = run(load_policy(_model(model), adapter=_adapter(adapter)), env, config)
+    policy = load_policy(_model(model), adapter=_adapter(adapter))
+    with Display(f"calibrating {env}", quiet=as_json) as display:
+        result = run(policy, env, config, progress=display)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -731,7 +733,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
         policy = RoutedPolicy.load(_model(model), adapters, examples=config.examples)
     else:
         policy = load_policy(_model(model), adapter=adapter)
-    result = evaluate(policy, tasks, config)
+    with Display("evaluating", quiet=as_json) as display:
+        result = evaluate(policy, tasks, config, progress=display)
     if as_json:
         emit_json(result.to_dict())
         return

@@ -189,3 +189,22 @@ def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(he
     r = subprocess.run(args + ["--iterations", str(done + 1)], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0 and f"resumed at iteration {done}" in r.stderr, r.stdout + r.stderr
+
+
+def test_calibrate_and_evaluate_count_their_episodes_as_steps(hermes_dir):
+    """The progress protocol (envforge.progress): a counted Step as each wave of episodes ends;
+    evaluate's count runs on across the envs and routes of its tasks."""
+    from trainers.calibrate import CalibrationConfig, calibrate
+    from trainers.evaluate import EvalConfig, evaluate
+    from trainers.policy import load_policy
+    policy = load_policy(hermes_dir)
+    steps = []
+    calibrate(policy, GOOD_DIR, CalibrationConfig(groups=1, group_size=2, pool_size=1,
+                                                  max_new_tokens=4, backend="process"),
+              progress=steps.append)
+    assert [(s.text, s.done, s.total) for s in steps] == [("episodes", 1, 2), ("episodes", 2, 2)]
+    steps.clear()
+    tasks = [{"env": str(GOOD_DIR), "seed": s} for s in range(3)]
+    result = evaluate(policy, tasks, EvalConfig(pool_size=2, max_new_tokens=4, backend="process"),
+                      progress=steps.append)
+    assert [(s.done, s.total) for s in steps] == [(2, 3), (3, 3)] and result.overall["n"] == 3
