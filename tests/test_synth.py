@@ -1,6 +1,6 @@
 """`envforge synth` as a user runs it (template path): the files it writes, the command's exit
 codes and messages, never overwriting an accepted env, the --from batch, and the orchestration
-helpers (envforge/synth/__init__.py). The LLM path: tests/test_synth_llm.py; the template
+helpers (envforge/synth/synthesizer.py). The LLM path: tests/test_synth_llm.py; the template
 synthesizer itself and the family x target matrix: tests/test_synth_templates.py."""
 from __future__ import annotations
 
