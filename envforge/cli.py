@@ -241,10 +241,10 @@ class Display:
 
     def _count(self, step: Step, now: float) -> float | None:
         """The ETA of the count STEP belongs to, from the pace since the count began: a count
-        that begins at its first item began when the one before it ended (or the display
-        started); one that begins further on (a resumed run) begins at that step, so its ETA
-        comes from its next item on. A count begins afresh when its total changes or its done
-        goes down (a stage's next phase)."""
+        whose first step finishes its first item began when the one before it ended (or the
+        display started); one whose first step is further on (a resumed run, or a first wave of
+        several episodes) begins at that step, so its ETA comes from its next step on. A count
+        begins afresh when its total changes or its done goes down (a stage's next phase)."""
         if step.done is None or not step.total:
             return None
         if self.count is None or self.count[0] != step.total or step.done < self.count[3]:
