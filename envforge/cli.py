@@ -36,6 +36,7 @@ from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
+from sandbox.base import diagnose
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import EvalConfig, parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -331,7 +332,6 @@ def sandbox_doctor(as_json, clean):
     """
     from rich.table import Table
 
-    from sandbox.base import diagnose
     strays = _clean_strays() if clean else None  # first: a Docker probe would reap them unseen
     rows = diagnose()
     usable = [r for r in rows if r["ok"] and r["backend"] not in ("process/seccomp",
