@@ -29,6 +29,7 @@ from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
 from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
+from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
 from envforge.identify import report as identify_report
@@ -122,6 +123,17 @@ def backend_option(help: str = "Sandbox the env runs in (auto: process, else doc
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 
 
+def executor_options(f):
+    """--executor and --ray-address (``envforge.executor``); the command gets them as
+    ``executor`` and ``ray_address``, for ``executor_from(kwargs)``."""
+    return option(ExecutorSettings, "executor")(option(ExecutorSettings, "ray_address")(f))
+
+
+def executor_from(kwargs: dict):
+    """The executor the command's --executor and --ray-address ask for (taken out of KWARGS)."""
+    return make_executor(settings(ExecutorSettings, kwargs))
+
+
 @click.group(cls=Group)
 @click.version_option(__version__, prog_name="envforge")
 def main() -> None:
@@ -174,6 +186,7 @@ def _target(spec: str):
 @option(GateSettings, "budget_s", "--budget")
 @option(GateSettings, "probe_seed")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
+@executor_options
 @json_option
 def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     """Audit env folders (or env.py files): static safety, schema fidelity, dynamic properties.
@@ -184,15 +197,23 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
     tgt = _target(target) if target else None
+    run = dict(target=tgt, static_only=static_only, backend=backend, settings=gate,
+               write_report=not no_report)
     reports = []
-    for p in paths:
-        with Display(f"auditing {p}", quiet=as_json) as display:
-            reports.append(run_audit(p, target=tgt, static_only=static_only, backend=backend,
-                                     settings=gate, write_report=not no_report, progress=display))
-        if not as_json:
-            _print_report(reports[-1])
+    with executor_from(kwargs) as executor:
+        if executor.name == "ray":  # every env at once, each a Ray task
+            with Display(f"auditing {len(paths)} env(s) on Ray", quiet=as_json) as display:
+                reports = executor.audit_all(paths, progress=display, **run)
+        for p in paths if executor.name == "local" else ():
+            with Display(f"auditing {p}", quiet=as_json) as display:
+                reports.append(run_audit(p, progress=display, **run))
+            if not as_json:
+                _print_report(reports[-1])
     if as_json:
         emit_json({"results": [r.to_dict() for r in reports]})  # each as its report.json
+    elif executor.name == "ray":
+        for r in reports:
+            _print_report(r)
     sys.exit(0 if all(r.accepted for r in reports) else 1)
 
 
