@@ -28,7 +28,8 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
+from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable,
+                             UsageError)
 from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
@@ -468,6 +469,7 @@ def _price(value: str | None) -> tuple[float, float] | None:
               "cost in manifest.json (e.g. 0.15,0.6).")
 @option(SynthConfig, "cache_dir")
 @option(SynthConfig, "cache", "--cache/--no-cache")
+@executor_options
 @json_option
 def synth(more_trajectories, capability, description, from_file, include_all, trajectories, target,
           price, as_json, **kwargs):
@@ -504,11 +506,12 @@ def synth(more_trajectories, capability, description, from_file, include_all, tr
         if config.synthesizer == "auto":
             click.echo(f"synthesizer: {kind}" + (f" ({config.model})" if kind == "openai" else
                        " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
-    with Display("synthesizing", quiet=as_json) as display:
+    with Display("synthesizing", quiet=as_json) as display, executor_from(kwargs) as executor:
         if capability:
-            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label)]
+            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label,
+                                    executor=executor)]
         else:
-            results = S.synthesize_batch(specs, tgt, config, progress=display)
+            results = S.synthesize_batch(specs, tgt, config, progress=display, executor=executor)
     if as_json:
         emit_json(results[0].to_dict() if capability else [r.to_dict() for r in results])
     else:
@@ -588,6 +591,7 @@ threads_option = option(GRPOConfig, "threads")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
 @option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@executor_options
 def train(envs, model, out_dir, no_resume, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
     OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume."""
@@ -601,6 +605,7 @@ def train(envs, model, out_dir, no_resume, **kwargs):
     for slug in slugs:
         out_folder(Path(out_dir) / slug, "--out")
     set_threads(config.threads)
+    executor = executor_from(kwargs)
 
     spent: list[float] = []
 
@@ -612,20 +617,26 @@ def train(envs, model, out_dir, no_resume, **kwargs):
                    f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s (generate "
                    f"{s.generate_s:.1f}s, env wait {s.env_wait_s:.1f}s, loss {s.loss_s:.1f}s)  "
                    f"ETA {eta:.0f}s" + (f"  errors {s.errors}" if s.errors else ""))
-    for env, slug in zip(envs, slugs):
-        out = Path(out_dir) / slug
-        click.echo(f"train {slug} -> {out}")
-        spent.clear()
-        trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
-                              base_model=model, resume=not no_resume, progress=show,
-                              on_resume=lambda i: click.echo(f"  resumed at iteration {i}"))
-        try:
-            result = trainer.train()
-        except KeyboardInterrupt:
-            click.echo(_interrupted(out / CHECKPOINT), err=True)
-            sys.exit(130)
-        curve = result.manifest["reward_curve"]
-        click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+    try:
+        for env, slug in zip(envs, slugs):
+            out = Path(out_dir) / slug
+            click.echo(f"train {slug} -> {out}")
+            spent.clear()
+            trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
+                                  base_model=model, resume=not no_resume, progress=show,
+                                  on_resume=lambda i: click.echo(f"  resumed at iteration {i}"),
+                                  executor=executor)
+            try:
+                result = trainer.train()
+            except KeyboardInterrupt:
+                click.echo(_interrupted(out / CHECKPOINT), err=True)
+                sys.exit(130)
+            except ClusterError as e:  # the head died: say so, and how to go on from the checkpoint
+                raise ClusterError(f"{e}\n{_interrupted(out / CHECKPOINT)}") from None
+            curve = result.manifest["reward_curve"]
+            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+    finally:
+        executor.close()
 
 
 def _interrupted(checkpoint: Path) -> str:
@@ -650,6 +661,7 @@ def _interrupted(checkpoint: Path) -> str:
 @json_option
 @option(CalibrationConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@executor_options
 def calibrate(env, model, adapter, as_json, threads, **kwargs):
     """Base-policy rollouts against the paper's targets: mean reward and success in [0.2, 0.6],
     reward std >= 0.05, at most 20% constant groups. Exit 1 when a target is missed."""
@@ -658,7 +670,9 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
     from trainers.calibrate import calibrate as run
     from trainers.policy import load_policy, set_threads
     set_threads(threads)
-    result = run(load_policy(_model(model), adapter=_adapter(adapter)), env, config)
+    policy = load_policy(_model(model), adapter=_adapter(adapter))
+    with executor_from(kwargs) as executor:
+        result = run(policy, env, config, executor=executor)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -705,6 +719,7 @@ def route(model, adapters, tasks, tasks_file, threads, **kwargs):
 @json_option
 @option(EvalConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@executor_options
 def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, threads, **kwargs):
     """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
     --adapter, routed --adapters, or --adapters --merge."""
@@ -728,7 +743,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
         policy = RoutedPolicy.load(_model(model), adapters, examples=config.examples)
     else:
         policy = load_policy(_model(model), adapter=adapter)
-    result = evaluate(policy, tasks, config)
+    with executor_from(kwargs) as executor:
+        result = evaluate(policy, tasks, config, executor=executor)
     if as_json:
         emit_json(result.to_dict())
         return

@@ -127,6 +127,23 @@ def _raise(failure: tuple) -> None:
     raise err
 
 
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise ``ClusterError`` when nothing answers at ADDRESS (host:port): ``ray.init`` would wait
+    for it for ever."""
+    import socket
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address}: want HOST:PORT of the cluster's head (its GCS "
+                         "port, 6379 unless `ray start --head --port` said otherwise)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ClusterError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                           f"({e.strerror or e}). Check that its head is up (ray status --address "
+                           f"{address}), or unset {ADDRESS_ENV} and --ray-address to run a local "
+                           "Ray") from None
+
+
 def audit_task(job: AuditJob, static_only: bool, backend: str,
                settings: GateSettings | None) -> tuple:
     """The body of a Ray audit task: ("ok", report, node) or ("error", failure, node)."""
@@ -147,6 +164,8 @@ class RayExecutor:
         self.where: dict[str, str] = {}   # audited path -> the node its audit ran on
         self._lock = threading.Lock()
         if self.owned:
+            if self.address:
+                _reachable(self.address)
             try:
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False,
                          **({} if self.address else {"include_dashboard": False}))
@@ -293,6 +312,10 @@ class RemoteSandbox:
                                        f"node lost?): {str(e).splitlines()[0][:300]}") from None
                 self._replace()
                 continue
+            except ray.exceptions.RayError as e:  # the cluster itself (its head) failed
+                self.closed = True
+                raise ClusterError(f"the Ray cluster failed during a sandbox call: "
+                                   f"{str(e).splitlines()[0][:300]}") from None
             if status == "error":
                 _raise(value)
             return value

@@ -118,8 +118,9 @@ class EvalConfig(Settings):
 
 
 def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
-             unsafe_skip_gate: bool = False, **settings: Any) -> Evaluation:
-    """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments."""
+             unsafe_skip_gate: bool = False, executor: Any = None, **settings: Any) -> Evaluation:
+    """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments;
+    ``executor`` (``envforge.executor``): where the sandboxes run (the scores are the same)."""
     import torch
     from trainers.router import RoutedPolicy
     c = config or EvalConfig(**settings)
@@ -129,7 +130,7 @@ def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
     episodes, routes = [], []
     for env, seeds in by_env.items():
         with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
-                        call_timeout_s=c.call_timeout_s) as factory:
+                        call_timeout_s=c.call_timeout_s, executor=executor) as factory:
             buckets = route_seeds(policy, factory, env, seeds, routes) if isinstance(
                 policy, RoutedPolicy) else {"": seeds}
             for choice, bucket in buckets.items():

@@ -33,7 +33,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -139,8 +139,10 @@ class GRPOTrainer:
                  out: str | Path = "adapter", *, base_model: str | None = None,
                  unsafe_skip_gate: bool = False, resume: bool = True,
                  progress: Callable[[IterationStats], None] | None = None,
-                 on_resume: Callable[[int], None] | None = None):
+                 on_resume: Callable[[int], None] | None = None, executor: Any = None,
+                 report_to: str = "none"):
         self.config = config or GRPOConfig()
+        self.executor, self.report_to = executor, report_to
         self.env, self.out = env, Path(out)
         self.base_model = base_model or policy.name
         self.unsafe_skip_gate, self.resume, self.progress = unsafe_skip_gate, resume, progress
@@ -290,7 +292,8 @@ class GRPOTrainer:
         c = self.config
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
-                        unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s) as factory:
+                        unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s,
+                        executor=self.executor) as factory:
             if self.resume and self.load_checkpoint(factory.env_hash):
                 if self.on_resume:
                     self.on_resume(self.iteration)
