@@ -55,16 +55,24 @@ class Node:
                                      start_new_session=True, cwd=REPO)
 
     def pids(self, name: str | None = None) -> list[int]:
-        """This node's processes (its process group), or those called ``name``."""
+        """This node's processes (its process group, and the workers its raylet started in
+        groups of their own), or those called ``name``."""
         import psutil
-        out = []
+        found = []
         for p in psutil.process_iter(["name"]):
             try:
-                if os.getpgid(p.pid) == self.proc.pid and (name is None or p.info["name"] == name):
-                    out.append(p.pid)
+                if os.getpgid(p.pid) == self.proc.pid:
+                    found += [p, *p.children(recursive=True)]
             except (ProcessLookupError, psutil.Error):
                 pass
-        return out
+        out = []
+        for p in found:
+            try:
+                if name is None or p.name() == name:
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+        return sorted(set(out))
 
     def kill_raylet(self) -> None:
         """The node dies: its raylet is killed (its workers and ``ray start`` follow it)."""
@@ -114,6 +122,16 @@ class Cluster:
     def alive(self) -> list[str]:
         import ray
         return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+    def alive_after(self, nodes: int, seconds: float = 15) -> list[str]:
+        """The live nodes, once there are ``nodes`` of them (a dead node is noticed in about a
+        second) or ``seconds`` have passed."""
+        deadline = time.monotonic() + seconds
+        alive = self.alive()
+        while len(alive) != nodes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = self.alive()
+        return alive
 
     def _wait(self, nodes: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

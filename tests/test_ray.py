@@ -228,10 +228,31 @@ def test_a_node_killed_mid_audit_loses_nothing(cluster, tmp_path):
     worker_busy = lambda: any(pid for pid in cluster.workers[-1].pids()  # noqa: E731
                               if _is_task(pid, "audit_task"))
     killer = kill_worker_when(cluster, worker_busy)
-    reports = ray_executor().audit_all(paths, settings=gate())
+    executor = ray_executor()
+    reports = executor.audit_all(paths, settings=gate())
     killer.join(5)
-    assert len(cluster.alive()) == 1  # the worker node is gone
+    assert len(cluster.alive_after(1)) == 1  # the worker node is gone ...
+    # ... before it finished an audit: every audit, the one it was running too, ran on the head
+    assert set(executor.where.values()) == set(cluster.alive())
     assert [same(r.to_dict()) for r in reports] == [same(local[0].to_dict())] * 4  # its audits ran again elsewhere
+
+
+class KillingPolicy:
+    """The policy, but its ``at``-th generation first kills the worker node and waits until the
+    cluster has noticed: the node dies mid-run, between two env steps, every time."""
+
+    def __init__(self, policy, cluster, at: int):
+        self._policy, self._cluster, self._at, self._calls = policy, cluster, at, 0
+
+    def generate(self, *args, **kwargs):
+        self._calls += 1
+        if self._calls == self._at:
+            self._cluster.workers[-1].kill_raylet()
+            assert len(self._cluster.alive_after(1)) == 1
+        return self._policy.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
 
 
 def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
@@ -241,19 +262,17 @@ def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
         cluster.add_worker()
     model, env = tiny
     policy = load_policy(model)
-    tasks = [{"env": str(env), "seed": s} for s in range(12)]
+    tasks = [{"env": str(env), "seed": s} for s in range(8)]
     config = EvalConfig(max_new_tokens=6, temperature=1.0, pool_size=4, backend="process")
     here = evaluate(policy, tasks, config).to_dict()
     executor = ray_executor()
     pools = []
     real_pool = executor.pool
     executor.pool = lambda *a, **k: pools.append(real_pool(*a, **k)) or pools[-1]
-    killer = kill_worker_when(cluster, lambda: bool(pools))  # once the actors are up
-    there = evaluate(policy, tasks, config, executor=executor).to_dict()
-    killer.join(5)
-    assert len(cluster.alive()) == 1
-    assert pools[0].replaced >= 1  # the dead node's sandboxes were replaced ...
-    assert there == here           # ... and their episodes replayed: the same scores
+    # the second generation: the first lane has stepped, the second has not
+    there = evaluate(KillingPolicy(policy, cluster, at=2), tasks, config, executor=executor).to_dict()
+    assert len(pools[0].nodes) == 2 and pools[0].replaced >= 1  # the dead node's sandboxes ...
+    assert there == here  # ... were replaced and their episodes replayed: the same scores
 
 
 def _is_task(pid: int, name: str) -> bool:
