@@ -591,6 +591,7 @@ threads_option = option(GRPOConfig, "threads")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
 @option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@option(GRPOConfig, "report_to")
 @executor_options
 def train(envs, model, out_dir, no_resume, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
