@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -176,6 +177,27 @@ class RayExecutor:
                                    f"unset {ADDRESS_ENV} and --ray-address to run a local Ray"
                                    ) from None
         self._task = ray.remote(audit_task).options(num_cpus=1, max_retries=TASK_RETRIES)
+        if self.owned and self.address:
+            threading.Thread(target=self._watch, name="envforge-ray-head", daemon=True).start()
+
+    def _watch(self, every: float = 2.0, misses: int = 3) -> None:
+        """Ray ends a driver whose head is gone only after a minute, with its own message: stop
+        sooner, saying what happened and that a re-run resumes (what was finished is on disk)."""
+        missed = 0
+        while self.owned:
+            time.sleep(every)
+            try:
+                _reachable(self.address, timeout=every)
+                missed = 0
+            except (ClusterError, UsageError):
+                missed += 1
+            if missed >= misses and self.owned:
+                sys.stderr.write(f"error: the Ray cluster's head at {self.address} stopped "
+                                 f"answering; what was finished is kept (report.json files, "
+                                 f"synth's manifests, train's checkpoint): run the command again "
+                                 f"to resume once the cluster is back, or with --executor local\n")
+                sys.stderr.flush()
+                os._exit(1)
 
     def nodes(self) -> list[str]:
         """The ids of the cluster's live nodes."""
@@ -196,22 +218,20 @@ class RayExecutor:
         index = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         left = list(refs)
-        while left:
+        while left:  # each report.json written as its audit ends: a crash keeps the finished ones
             done, left = ray.wait(left, num_returns=1)
             i = index[done[0]]
-            results[i] = self._get(done[0], jobs[i].path)
+            status, value, node = results[i] = self._get(done[0], jobs[i].path)
+            with self._lock:
+                self.where[jobs[i].path] = node
+            if status == "ok" and write_report and Path(jobs[i].path).is_dir():
+                save_report(value, Path(jobs[i].path))
             if progress is not None:
                 progress(Step("done", jobs[i].path, len(refs) - len(left), len(refs)))
-        reports = []
-        for job, (status, value, node) in zip(jobs, results):
-            with self._lock:
-                self.where[job.path] = node
+        for status, value, _ in results:
             if status == "error":
                 _raise(value)
-            if write_report and Path(job.path).is_dir():
-                save_report(value, Path(job.path))
-            reports.append(value)
-        return reports
+        return [value for _, value, _ in results]
 
     def _get(self, ref: Any, what: str) -> Any:
         ray = _ray()

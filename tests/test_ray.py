@@ -281,3 +281,29 @@ def _is_task(pid: int, name: str) -> bool:
         return name in " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
+
+
+def test_a_dead_head_stops_the_run_with_a_clear_error_and_keeps_what_was_done(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed")
+    import signal
+    from tests.ray_cluster import Cluster
+    c = Cluster()  # a head of its own: this test kills it
+    try:
+        paths = envs(tmp_path, 3)
+        proc = subprocess.Popen([sys.executable, "-m", "envforge", "audit", *paths, "--seeds",
+                                 str(SEEDS), "--executor", "ray", "--ray-address", c.address],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                env={**os.environ, **c.env, "PYTHONPATH": str(REPO)})
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "env0" / "report.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(c.head.proc.pid, signal.SIGKILL)  # the whole head node, GCS included
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        assert time.monotonic() - t0 < 30  # Ray alone would wait a minute
+    finally:
+        c.stop()
+    assert proc.returncode == 1, err
+    assert f"error: the Ray cluster's head at {c.address} stopped answering" in err
+    assert "run the command again to resume" in err
+    assert json.loads((tmp_path / "env0" / "report.json").read_text())["verdict"] == "accept"
