@@ -205,6 +205,19 @@ def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_pa
     assert runs["ray"] == runs["local"] and len(runs["local"]) == 2
 
 
+def test_calibrate_command_on_ray_equals_local(cluster, tiny):
+    model, env = tiny
+    args = [sys.executable, "-m", "envforge", "calibrate", str(env), "--model", str(model),
+            "--groups", "2", "--group-size", "2", "--max-new-tokens", "6", "--backend", "process",
+            "--json"]
+    run = {"capture_output": True, "text": True, "cwd": REPO, "timeout": 300,
+           "env": {**os.environ, "PYTHONPATH": str(REPO)}}
+    here = subprocess.run(args, **run)
+    there = subprocess.run(args + ["--executor", "ray", "--ray-address", cluster.address], **run)
+    assert here.returncode == there.returncode == 1, there.stderr  # a random model: not calibrated
+    assert json.loads(there.stdout) == json.loads(here.stdout)
+
+
 # ----------------------------------------------------------------------------- faults
 
 
