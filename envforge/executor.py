@@ -324,13 +324,14 @@ class RemoteSandbox:
         ray = _ray()
         for attempt in range(ACTOR_REPLACEMENTS + 1):
             try:
+                if attempt:
+                    self._replace()
                 status, value = ray.get(self.actor.call.remote(op, arg))
             except ray.exceptions.RayActorError as e:
                 if attempt == ACTOR_REPLACEMENTS or self.pool.closed:
                     self.closed = True
                     raise ClusterError(f"a sandbox actor died {attempt + 1} times in a row (its "
                                        f"node lost?): {str(e).splitlines()[0][:300]}") from None
-                self._replace()
                 continue
             except ray.exceptions.RayError as e:  # the cluster itself (its head) failed
                 self.closed = True
@@ -343,7 +344,8 @@ class RemoteSandbox:
     def _replace(self) -> None:
         """A new actor, brought to where this episode was: the same reset and steps again."""
         ray = _ray()
-        ray.kill(self.actor)
+        self.kill()
+        self.closed = False
         self.actor = self.pool._spawn(replacing=True)
         status, info = ray.get(self.actor.call.remote("ready", None))
         if status == "ok":
