@@ -55,8 +55,8 @@ class ExecutorSettings(Settings):
     executor: str = setting("local", "Where audits and env steps run: local (this machine) or ray "
                             "(a Ray cluster; needs the ray extra).", choices=EXECUTORS)
     ray_address: str | None = setting(None, "With --executor ray: the cluster to join (host:port "
-                                      f"of its head; default ${ADDRESS_ENV}, else a Ray started "
-                                      "on this machine for the run).")
+                                      f"of its head, or auto; default ${ADDRESS_ENV}, else a Ray "
+                                      "started on this machine for the run).")
 
 
 def make_executor(settings: ExecutorSettings | None = None) -> "LocalExecutor | RayExecutor":
@@ -165,7 +165,7 @@ class RayExecutor:
         self.where: dict[str, str] = {}   # audited path -> the node its audit ran on
         self._lock = threading.Lock()
         if self.owned:
-            if self.address:
+            if self.address and self.address != "auto":  # auto: the cluster this machine is in
                 _reachable(self.address)
             try:
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False,
@@ -177,7 +177,7 @@ class RayExecutor:
                                    f"unset {ADDRESS_ENV} and --ray-address to run a local Ray"
                                    ) from None
         self._task = ray.remote(audit_task).options(num_cpus=1, max_retries=TASK_RETRIES)
-        if self.owned and self.address:
+        if self.owned and self.address and self.address != "auto":
             threading.Thread(target=self._watch, name="envforge-ray-head", daemon=True).start()
 
     def _watch(self, every: float = 2.0, misses: int = 3) -> None:
