@@ -163,6 +163,7 @@ class RayExecutor:
         self.address = address or os.environ.get(ADDRESS_ENV) or None
         self.owned = not ray.is_initialized()
         self.where: dict[str, str] = {}   # audited path -> the node its audit ran on
+        self.pools: list[RayPool] = []    # the pools made, each with its ``nodes``
         self._lock = threading.Lock()
         if self.owned:
             if self.address and self.address != "auto":  # auto: the cluster this machine is in
@@ -247,7 +248,9 @@ class RayExecutor:
         if max_uses is not None:
             raise UsageError("max_uses is not supported by the Ray pool: each actor keeps its "
                              "sandbox (and replaces it when it dies)")
-        return RayPool(source, size=size, backend=backend, limits=limits, hash_seed=hash_seed)
+        pool = RayPool(source, size=size, backend=backend, limits=limits, hash_seed=hash_seed)
+        self.pools.append(pool)
+        return pool
 
     def close(self) -> None:
         if self.owned:

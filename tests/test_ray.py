@@ -178,16 +178,14 @@ def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
     cal_config = CalibrationConfig(groups=2, group_size=3, max_new_tokens=6, pool_size=4,
                                    backend="process")
     executor = ray_executor()
-    pools = []
-    real_pool = executor.pool
-    executor.pool = lambda *a, **k: pools.append(real_pool(*a, **k)) or pools[-1]
+    pools = executor.pools
     here = evaluate(policy, tasks, eval_config).to_dict()
     there = evaluate(policy, tasks, eval_config, executor=executor).to_dict()
     assert there == here and len(here["episodes"]) == 6
     assert len({e["score"] for e in here["episodes"]}) > 1  # sampled: the scores differ by seed
     assert calibrate(policy, env, cal_config, executor=executor).to_dict() == \
         calibrate(policy, env, cal_config).to_dict()
-    assert all(set(p.nodes) == set(cluster.alive()) for p in pools)  # actors on both nodes
+    assert len(pools) == 2 and all(set(p.nodes) == set(cluster.alive()) for p in pools)  # both nodes
 
 
 def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_path):
@@ -198,11 +196,13 @@ def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_pa
                         backend="process", dynamic_sampling=False, pool_size=4)
     keys = ("reward_mean", "reward_std", "constant_fraction", "episodes", "generated_tokens", "loss")
     runs = {}
-    for name, executor in (("local", None), ("ray", ray_executor())):
-        trainer = GRPOTrainer(load_policy(model), env, config, out=tmp_path / name,
-                              executor=executor)
+    executor = ray_executor()
+    pools = executor.pools
+    for name, where in (("local", None), ("ray", executor)):
+        trainer = GRPOTrainer(load_policy(model), env, config, out=tmp_path / name, executor=where)
         runs[name] = [{k: h[k] for k in keys} for h in trainer.train().history]
     assert runs["ray"] == runs["local"] and len(runs["local"]) == 2
+    assert [set(p.nodes) for p in pools] == [set(cluster.alive())]  # its sandboxes on both nodes
 
 
 def test_calibrate_command_on_ray_equals_local(cluster, tiny):
@@ -279,9 +279,7 @@ def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
     config = EvalConfig(max_new_tokens=6, temperature=1.0, pool_size=4, backend="process")
     here = evaluate(policy, tasks, config).to_dict()
     executor = ray_executor()
-    pools = []
-    real_pool = executor.pool
-    executor.pool = lambda *a, **k: pools.append(real_pool(*a, **k)) or pools[-1]
+    pools = executor.pools
     # the second generation: the first lane has stepped, the second has not
     there = evaluate(KillingPolicy(policy, cluster, at=2), tasks, config, executor=executor).to_dict()
     assert len(pools[0].nodes) == 2 and pools[0].replaced >= 1  # the dead node's sandboxes ...
