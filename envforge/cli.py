@@ -623,8 +623,8 @@ def train(envs, model, out_dir, no_resume, **kwargs):
             out = Path(out_dir) / slug
             click.echo(f"train {slug} -> {out}")
             spent.clear()
-            trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
-                                  base_model=model, resume=not no_resume, progress=show,
+            trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config,
+                                  out=out, base_model=model, resume=not no_resume, progress=show,
                                   on_resume=lambda i: click.echo(f"  resumed at iteration {i}"),
                                   executor=executor)
             try:
@@ -635,7 +635,8 @@ def train(envs, model, out_dir, no_resume, **kwargs):
             except ClusterError as e:  # the head died: say so, and how to go on from the checkpoint
                 raise ClusterError(f"{e}\n{_interrupted(out / CHECKPOINT)}") from None
             curve = result.manifest["reward_curve"]
-            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; "
+                       "reward_curve.png)")
     finally:
         executor.close()
 

@@ -247,7 +247,7 @@ def test_a_node_killed_mid_audit_loses_nothing(cluster, tmp_path):
     assert len(cluster.alive_after(1)) == 1  # the worker node is gone ...
     # ... before it finished an audit: every audit, the one it was running too, ran on the head
     assert set(executor.where.values()) == set(cluster.alive())
-    assert [same(r.to_dict()) for r in reports] == [same(local[0].to_dict())] * 4  # its audits ran again elsewhere
+    assert [same(r.to_dict()) for r in reports] == [same(local[0].to_dict())] * 4
 
 
 class KillingPolicy:
