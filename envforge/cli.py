@@ -29,7 +29,9 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
-from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
+from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable,
+                             UsageError)
+from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate.config import GateSettings
 from envforge.progress import Step
 from envforge.settings import default_of, field_of
@@ -120,6 +122,17 @@ def backend_option(help: str = "Sandbox the env runs in (auto: process, else doc
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 
 
+def executor_options(f):
+    """--executor and --ray-address (``envforge.executor``); the command gets them as
+    ``executor`` and ``ray_address``, for ``executor_from(kwargs)``."""
+    return option(ExecutorSettings, "executor")(option(ExecutorSettings, "ray_address")(f))
+
+
+def executor_from(kwargs: dict):
+    """The executor the command's --executor and --ray-address ask for (taken out of KWARGS)."""
+    return make_executor(settings(ExecutorSettings, kwargs))
+
+
 @click.group(cls=Group)
 @click.version_option(__version__, prog_name="envforge")
 def main() -> None:
@@ -172,6 +185,7 @@ def _target(spec: str):
 @option(GateSettings, "budget_s", "--budget")
 @option(GateSettings, "probe_seed")
 @click.option("--no-report", is_flag=True, help="Do not write report.json beside env folders.")
+@executor_options
 @json_option
 def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     """Audit env folders (or env.py files): static safety, schema fidelity, dynamic properties.
@@ -183,15 +197,23 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
     tgt = _target(target) if target else None
+    run = dict(target=tgt, static_only=static_only, backend=backend, settings=gate,
+               write_report=not no_report)
     reports = []
-    for p in paths:
-        with Display(f"auditing {p}", quiet=as_json) as display:
-            reports.append(run_audit(p, target=tgt, static_only=static_only, backend=backend,
-                                     settings=gate, write_report=not no_report, progress=display))
-        if not as_json:
-            _print_report(reports[-1])
+    with executor_from(kwargs) as executor:
+        if executor.name == "ray":  # every env at once, each a Ray task
+            with Display(f"auditing {len(paths)} env(s) on Ray", quiet=as_json) as display:
+                reports = executor.audit_all(paths, progress=display, **run)
+        for p in paths if executor.name == "local" else ():
+            with Display(f"auditing {p}", quiet=as_json) as display:
+                reports.append(run_audit(p, progress=display, **run))
+            if not as_json:
+                _print_report(reports[-1])
     if as_json:
         emit_json({"results": [r.to_dict() for r in reports]})  # each as its report.json
+    elif executor.name == "ray":
+        for r in reports:
+            _print_report(r)
     sys.exit(0 if all(r.accepted for r in reports) else 1)
 
 
@@ -482,6 +504,7 @@ def _price(value: str | None) -> tuple[float, float] | None:
               "cost in manifest.json (e.g. 0.15,0.6).")
 @option(SynthConfig, "cache_dir")
 @option(SynthConfig, "cache", "--cache/--no-cache")
+@executor_options
 @json_option
 def synth(more_trajectories, capability, description, from_file, include_all, trajectories, target,
           price, as_json, **kwargs):
@@ -518,11 +541,12 @@ def synth(more_trajectories, capability, description, from_file, include_all, tr
         if config.synthesizer == "auto":
             click.echo(f"synthesizer: {kind}" + (f" ({config.model})" if kind == "openai" else
                        " (offline; set OPENAI_BASE_URL and --model for the LLM path)"), err=True)
-    with Display("synthesizing", quiet=as_json) as display:
+    with Display("synthesizing", quiet=as_json) as display, executor_from(kwargs) as executor:
         if capability:
-            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label)]
+            results = [S.synthesize(specs[0], tgt, config, progress=display, label=label,
+                                    executor=executor)]
         else:
-            results = S.synthesize_batch(specs, tgt, config, progress=display)
+            results = S.synthesize_batch(specs, tgt, config, progress=display, executor=executor)
     if as_json:
         emit_json(results[0].to_dict() if capability else [r.to_dict() for r in results])
     else:
@@ -602,6 +626,8 @@ threads_option = option(GRPOConfig, "threads")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
 @option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@option(GRPOConfig, "report_to")
+@executor_options
 def train(envs, model, out_dir, no_resume, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
     OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume."""
@@ -615,20 +641,27 @@ def train(envs, model, out_dir, no_resume, **kwargs):
     for slug in slugs:
         out_folder(Path(out_dir) / slug, "--out")
     set_threads(config.threads)
+    executor = executor_from(kwargs)
 
-    for env, slug in zip(envs, slugs):
-        out = Path(out_dir) / slug
-        click.echo(f"train {slug} -> {out} ({config.iterations} iterations)")
-        policy = load_policy(_model(model), device=config.device)
-        try:
-            with Display(f"training {slug}") as display:
-                result = GRPOTrainer(policy, env, config, out=out, base_model=model,
-                                     resume=not no_resume, progress=display).train()
-        except KeyboardInterrupt:
-            click.echo(_interrupted(out / CHECKPOINT), err=True)
-            sys.exit(130)
-        curve = result.manifest["reward_curve"]
-        click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+    try:
+        for env, slug in zip(envs, slugs):
+            out = Path(out_dir) / slug
+            click.echo(f"train {slug} -> {out} ({config.iterations} iterations)")
+            policy = load_policy(_model(model), device=config.device)
+            try:
+                with Display(f"training {slug}") as display:
+                    result = GRPOTrainer(policy, env, config, out=out, base_model=model,
+                                         resume=not no_resume, progress=display,
+                                         executor=executor).train()
+            except KeyboardInterrupt:
+                click.echo(_interrupted(out / CHECKPOINT), err=True)
+                sys.exit(130)
+            except ClusterError as e:  # the head died: say so, and how to go on from the checkpoint
+                raise ClusterError(f"{e}\n{_interrupted(out / CHECKPOINT)}") from None
+            curve = result.manifest["reward_curve"]
+            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+    finally:
+        executor.close()
 
 
 def _interrupted(checkpoint: Path) -> str:
@@ -653,6 +686,7 @@ def _interrupted(checkpoint: Path) -> str:
 @json_option
 @option(CalibrationConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@executor_options
 def calibrate(env, model, adapter, as_json, threads, **kwargs):
     """Base-policy rollouts against the paper's targets: mean reward and success in [0.2, 0.6],
     reward std >= 0.05, at most 20% constant groups. Exit 1 when a target is missed."""
@@ -662,8 +696,8 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
     from trainers.policy import load_policy, set_threads
     set_threads(threads)
     policy = load_policy(_model(model), adapter=_adapter(adapter))
-    with Display(f"calibrating {env}", quiet=as_json) as display:
-        result = run(policy, env, config, progress=display)
+    with executor_from(kwargs) as executor, Display(f"calibrating {env}", quiet=as_json) as display:
+        result = run(policy, env, config, executor=executor, progress=display)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -710,6 +744,7 @@ def route(model, adapters, tasks, tasks_file, threads, **kwargs):
 @json_option
 @option(EvalConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@executor_options
 def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, threads, **kwargs):
     """Mean score with a 95% confidence interval (per sub-skill too) of a policy: base, one
     --adapter, routed --adapters, or --adapters --merge."""
@@ -733,8 +768,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
         policy = RoutedPolicy.load(_model(model), adapters, examples=config.examples)
     else:
         policy = load_policy(_model(model), adapter=adapter)
-    with Display("evaluating", quiet=as_json) as display:
-        result = evaluate(policy, tasks, config, progress=display)
+    with executor_from(kwargs) as executor, Display("evaluating", quiet=as_json) as display:
+        result = evaluate(policy, tasks, config, executor=executor, progress=display)
     if as_json:
         emit_json(result.to_dict())
         return

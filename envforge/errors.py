@@ -60,6 +60,11 @@ class SandboxProtocolError(SandboxError):
     """The sandbox answered something that is not the protocol (too large, not JSON, wrong id)."""
 
 
+class ClusterError(EnvforgeError):
+    """The Ray cluster failed the run: its head cannot be reached, or work was lost on more
+    nodes than the retries cover (``envforge.executor``)."""
+
+
 class EnvCallError(EnvforgeError):
     """The env's own code raised (or broke the contract) inside the sandbox. The sandbox lives on,
     so this is not a ``SandboxError``: the two boundaries are caught apart, in any order.

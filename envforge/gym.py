@@ -314,14 +314,15 @@ def make(path_or_slug: str | Path, backend: str | Backend = "auto", *, pool: Any
                              "(make_pool), or call make without pool")
         return SandboxEnv(pool.source, pool=pool)
     source = _read(env_file) if unsafe_skip_gate else gate_check(env_file)
-    return SandboxEnv(source, backend=backend, limits=_limits(limits), hash_seed=hash_seed)
+    return SandboxEnv(source, backend=backend, limits=limits_from(limits), hash_seed=hash_seed)
 
 
 def _read(env_file: Path) -> str:
     return env_file.read_bytes().decode("utf-8")  # as gate_check reads it: newlines untouched
 
 
-def _limits(fields: dict) -> Limits:
+def limits_from(fields: dict) -> Limits:
+    """``Limits`` from keyword fields (a clear error for an unknown one)."""
     try:
         return Limits(**fields)
     except TypeError as e:
@@ -333,10 +334,14 @@ def make_pool(path_or_slug: str | Path, size: int = 4, backend: str | Backend = 
               **limits: Any):
     """A ``SandboxPool`` of ``size`` warm sandboxes running the env, after the same checks as
     ``make``; pass it to ``make(..., pool=pool)`` or lease from it directly."""
+    return SandboxPool(checked_source(path_or_slug, unsafe_skip_gate), size=size, backend=backend,
+                       limits=limits_from(limits), hash_seed=hash_seed, max_uses=max_uses)
+
+
+def checked_source(path_or_slug: str | Path, unsafe_skip_gate: bool = False) -> str:
+    """The source of the env at ``path_or_slug`` after ``make``'s checks (``gate_check``)."""
     env_file = resolve(path_or_slug)
-    source = _read(env_file) if unsafe_skip_gate else gate_check(env_file)
-    return SandboxPool(source, size=size, backend=backend, limits=_limits(limits),
-                       hash_seed=hash_seed, max_uses=max_uses)
+    return _read(env_file) if unsafe_skip_gate else gate_check(env_file)
 
 
 # --------------------------------------------------------------------------- registration

@@ -51,15 +51,18 @@ class Calibration:
 
 
 def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
-              unsafe_skip_gate: bool = False, progress: Progress | None = None) -> Calibration:
+              unsafe_skip_gate: bool = False, progress: Progress | None = None,
+              executor=None) -> Calibration:
     """The base policy's rollouts on ``env`` against the targets. ``progress`` gets a counted
-    ``Step`` (``envforge.progress``) as each wave of episodes ends."""
+    ``Step`` (``envforge.progress``) as each wave of episodes ends; ``executor``
+    (``envforge.executor``) says where the sandboxes run (here by default, or as Ray actors):
+    the answer is the same."""
     import torch
     c = config or CalibrationConfig()
     torch.manual_seed(c.seed)
     seeds = [c.first_env_seed + g for g in range(c.groups) for _ in range(c.group_size)]
     with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
-                    call_timeout_s=c.call_timeout_s) as factory:
+                    call_timeout_s=c.call_timeout_s, executor=executor) as factory:
         episodes = run_episodes(policy, factory, seeds, max_new_tokens=c.max_new_tokens,
                                 temperature=c.temperature, progress=progress)
         env_hash = factory.env_hash

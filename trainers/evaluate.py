@@ -120,10 +120,11 @@ class EvalConfig(Settings):
 
 def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
              unsafe_skip_gate: bool = False, progress: Progress | None = None,
-             **settings: Any) -> Evaluation:
+             executor: Any = None, **settings: Any) -> Evaluation:
     """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments.
     ``progress`` gets a counted ``Step`` (``envforge.progress``) of the tasks played so far as
-    each wave of episodes ends."""
+    each wave of episodes ends; ``executor`` (``envforge.executor``): where the sandboxes run
+    (the scores are the same)."""
     import torch
     from trainers.router import RoutedPolicy
     c = config or EvalConfig(**settings)
@@ -133,7 +134,7 @@ def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
     episodes, routes = [], []
     for env, seeds in by_env.items():
         with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
-                        call_timeout_s=c.call_timeout_s) as factory:
+                        call_timeout_s=c.call_timeout_s, executor=executor) as factory:
             buckets = route_seeds(policy, factory, env, seeds, routes) if isinstance(
                 policy, RoutedPolicy) else {"": seeds}
             for choice, bucket in buckets.items():

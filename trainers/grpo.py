@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -79,6 +80,21 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
+def update_metrics(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, epsilon_low: float, epsilon_high: float,
+                   ref_logp: torch.Tensor | None) -> tuple[float, float]:
+    """Over the masked tokens: how many had their ratio clipped (below with a negative advantage,
+    above with a positive one, as TRL counts them), and the sum of the k3 KL to ``ref_logp``."""
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None]
+    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    kl = 0.0
+    if ref_logp is not None:
+        d = ref_logp - logp
+        kl = float(((torch.exp(d) - d - 1) * mask).sum())
+    return float((clipped.float() * mask).sum()), kl
+
+
 def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                  mask: torch.Tensor, epsilon_low: float, epsilon_high: float,
                  ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
@@ -111,6 +127,9 @@ class IterationStats:
     generate_s: float = 0.0   # batched generation
     env_wait_s: float = 0.0   # waiting for env steps not hidden behind generation
     loss_s: float = 0.0       # forward/backward passes and the optimizer step
+    completion_length: float = 0.0   # sampled tokens per episode
+    clip_ratio: float = 0.0   # of the trained tokens, the share whose ratio was clipped
+    kl: float | None = None   # mean k3 KL to the base model per trained token (kl_coef > 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,8 +168,9 @@ class GRPOTrainer:
     def __init__(self, policy: Policy, env: str | Path, config: GRPOConfig | None = None,
                  out: str | Path = "adapter", *, base_model: str | None = None,
                  unsafe_skip_gate: bool = False, resume: bool = True,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, executor: Any = None):
         self.config = config or GRPOConfig()
+        self.executor = executor  # where the sandboxes run (envforge.executor); None: here
         self.env, self.out = env, Path(out)
         self.base_model = base_model or policy.name
         self.unsafe_skip_gate, self.resume, self.progress = unsafe_skip_gate, resume, progress
@@ -253,6 +273,7 @@ class GRPOTrainer:
                 if e.valid and a != 0.0:
                     episodes.append(e)
                     advantages.append(a)
+        self.metrics = {"clip_ratio": 0.0, "kl": None}
         if not episodes:
             return 0.0
         total_tokens = float(sum(sum(e.mask[1:]) for e in episodes)) or 1.0
@@ -272,6 +293,7 @@ class GRPOTrainer:
             batches.append(batch)
         self.model.train()
         losses = []
+        clipped = kl = 0.0
         for _ in range(c.updates_per_iteration):
             self.optimizer.zero_grad(set_to_none=True)
             running = 0.0
@@ -282,11 +304,17 @@ class GRPOTrainer:
                                     b.get("ref"), c.kl_coef) / total_tokens
                 loss.backward()
                 running += float(loss.detach())
+                with torch.no_grad():
+                    c_, k_ = update_metrics(logp, old, b["adv"], b["mask"], c.epsilon_low,
+                                            c.epsilon_high, b.get("ref"))
+                    clipped, kl = clipped + c_, kl + k_
             if c.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
             self.optimizer.step()
             losses.append(running)
         self.model.eval()
+        seen = total_tokens * c.updates_per_iteration
+        self.metrics = {"clip_ratio": clipped / seen, "kl": kl / seen if c.kl_coef > 0 else None}
         return statistics.fmean(losses)
 
     # ------------------------------------------------------------------ the run
@@ -294,20 +322,26 @@ class GRPOTrainer:
         c = self.config
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
-                        unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s) as factory:
+                        unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s,
+                        executor=self.executor) as factory:
             if self.resume and self.load_checkpoint(factory.env_hash):
                 self._report(Step(f"resumed at iteration {self.iteration}", None, self.iteration,
                                   c.iterations))
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
             meta = factory.describe()
+            writer = tracker(c.report_to, self.out)
             with ThreadPoolExecutor(max_workers=pool_size) as executor:
                 while self.iteration < c.iterations:
                     stats = self.iterate(factory, executor)
                     self.history.append(stats.to_dict())
                     if self.iteration % c.save_every == 0 or self.iteration == c.iterations:
                         self.save_checkpoint(factory.env_hash)
+                    if writer is not None:
+                        track(writer, stats)
                     self._report(Step(str(stats), None, self.iteration, c.iterations, stats))
+            if writer is not None:
+                writer.close()
             manifest = self.save_adapter(factory, meta)
         return TrainResult(self.out, self.history, manifest)
 
@@ -335,7 +369,9 @@ class GRPOTrainer:
             generated_tokens=stats.get("generated_tokens", 0),
             tokens_per_s=stats.get("generated_tokens", 0) / gen_s if gen_s else 0.0,
             loss=loss, seconds=time.perf_counter() - t0, errors=stats.get("errors", 0),
-            generate_s=gen_s, env_wait_s=stats.get("env_wait_s", 0.0), loss_s=loss_s)
+            generate_s=gen_s, env_wait_s=stats.get("env_wait_s", 0.0), loss_s=loss_s,
+            completion_length=stats.get("generated_tokens", 0) / len(scores) if scores else 0.0,
+            clip_ratio=self.metrics["clip_ratio"], kl=self.metrics["kl"])
 
     def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
         """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""
@@ -362,6 +398,35 @@ class GRPOTrainer:
         (self.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
         plot_reward_curve(self.history, self.out / "reward_curve.png", title=str(meta.get("capability")))
         return manifest
+
+
+#: what ``--report-to`` logs per iteration, under TRL's GRPO names: tag -> IterationStats field
+TRACKED = {"train/reward": "reward_mean", "train/reward_std": "reward_std",
+           "train/frac_reward_zero_std": "constant_fraction", "train/kl": "kl",
+           "train/clip_ratio": "clip_ratio", "train/completion_length": "completion_length",
+           "train/tokens_per_second": "tokens_per_s", "train/loss": "loss"}
+RUNS = "runs"  # OUT/<slug>/runs: the TensorBoard event files
+
+
+def tracker(report_to: str, out: Path):
+    """A TensorBoard ``SummaryWriter`` on ``out/runs`` for report_to "tensorboard"; None for
+    "none"."""
+    if report_to == "none":
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError("--report-to tensorboard needs the tensorboard package (part of the "
+                         "train extra: pip install -c constraints.txt -e '.[train]')") from None
+    return SummaryWriter(log_dir=str(out / RUNS))
+
+
+def track(writer, stats: IterationStats) -> None:
+    for tag, name in TRACKED.items():
+        value = getattr(stats, name)
+        if value is not None:  # KL only when kl_coef > 0 (as TRL logs it)
+            writer.add_scalar(tag, value, global_step=stats.iteration)
+    writer.flush()
 
 
 def plot_reward_curve(history: list[dict], path: Path, title: str = "") -> Path:

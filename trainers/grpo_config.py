@@ -9,6 +9,9 @@ from envforge.settings import Settings, setting
 from sandbox.base import BACKENDS
 
 
+REPORT_TO = ("none", "tensorboard")
+
+
 @dataclass
 class GRPOConfig(Settings):
     """Settings of one GRPO run. Defaults marked (paper) come from TRACE, section 3."""
@@ -62,6 +65,9 @@ class GRPOConfig(Settings):
     backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
     call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)
     save_every: int = setting(1, "Checkpoint every N iterations.", low=1)
+    report_to: str = setting("none", "Where each iteration's metrics go besides the manifest: "
+                             "tensorboard (event files in OUT/<slug>/runs) or none.",
+                             choices=REPORT_TO)
 
     def check(self) -> None:
         for name in ("lora_rank", "num_groups", "group_size", "iterations", "max_new_tokens",

@@ -58,16 +58,19 @@ class Episode:
 
 
 class EnvFactory:
-    """Sandboxed instances of one env, leased from a warm ``SandboxPool``."""
+    """Sandboxed instances of one env, leased from a warm pool: a ``SandboxPool`` here, or a
+    ``RayPool`` of sandbox actors over a cluster when ``executor`` is Ray (``envforge.executor``);
+    generation stays in this process either way."""
 
     def __init__(self, env: str | Path, size: int = 4, backend: str = "auto",
-                 unsafe_skip_gate: bool = False, **limits: Any):
-        import envforge
-        from envforge.gym import resolve
+                 unsafe_skip_gate: bool = False, executor: Any = None, **limits: Any):
+        from envforge.executor import LocalExecutor
+        from envforge.gym import checked_source, limits_from, resolve
         self.path = resolve(env)
         self.size = size
-        self.pool = envforge.make_pool(self.path, size=size, backend=backend,
-                                       unsafe_skip_gate=unsafe_skip_gate, **limits)
+        executor = executor or LocalExecutor()
+        self.pool = executor.pool(checked_source(self.path, unsafe_skip_gate), size=size,
+                                  backend=backend, limits=limits_from(limits))
         # one read and one gate check (in make_pool): the text hashed is the text checked and run
         self.source = self.pool.source
         self.env_hash = hashlib.sha256(self.source.encode("utf-8")).hexdigest()

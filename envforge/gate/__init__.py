@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from envforge.contract import CHECKS, Report, warning
@@ -80,20 +81,47 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
           progress: Progress | None = None) -> Report:
     """Audit one env (folder or env.py) and return its report; writes report.json beside it.
     ``progress`` gets a ``Step`` per stage (``envforge.progress``), its item the path."""
+    job = read_env(path, target)
+    report = check(job, static_only=static_only, backend=backend, settings=settings,
+                   progress=progress)
+    if write_report and Path(path).is_dir():
+        save_report(report, Path(path))
+    return report
 
+
+@dataclass
+class AuditJob:
+    """What an audit needs, read on the caller's machine: the env's bytes and its target. It
+    travels whole to wherever ``check`` runs (a Ray task on another node: ``envforge.executor``)."""
+    path: str
+    filename: str
+    raw: bytes
+    target: Target | None
+    why: str | None  # why no target could be used (None when one is)
+
+
+def read_env(path: str | Path, target: str | Path | Target | None = None) -> AuditJob:
+    """The env at PATH and its target (given, or named by manifest.json), ready to ``check``."""
     env_file = resolve_env(path)
     try:
         raw = env_file.read_bytes()
     except OSError as e:
         raise InputError(f"{env_file}: cannot read ({e.strerror})") from None
     tgt, why = target_for(env_file, target)
-    report = Report(path=str(path), target=tgt.name if tgt else None,
+    return AuditJob(str(path), env_file.name, raw, tgt, why)
+
+
+def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
+          settings: GateSettings | None = None, progress: Progress | None = None) -> Report:
+    """The gate's stages on one env's bytes; reads and writes no file."""
+    tgt, why = job.target, job.why
+    report = Report(path=job.path, target=tgt.name if tgt else None,
                     target_schema_hash=tgt.schema_hash() if tgt else None)
-    say = reporter(progress, str(path))
+    say = reporter(progress, job.path)
 
     t0 = time.perf_counter()
     say("static audit")
-    static = audit_static(raw, filename=env_file.name)
+    static = audit_static(job.raw, filename=job.filename)
     report.findings += static.findings
     report.stages["static"] = time.perf_counter() - t0
     parsable = not any(f.check in UNPARSABLE for f in static.findings)
@@ -120,8 +148,6 @@ def audit(path: str | Path, target: str | Path | Target | None = None, static_on
         report.stats = stats
         report.stages["dynamic"] = time.perf_counter() - t0
     report.findings.sort(key=lambda f: (CHECKS.index(f.check), f.severity != "error"))
-    if write_report and Path(path).is_dir():
-        save_report(report, Path(path))
     return report
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from envforge import __version__
 from envforge.contract import Finding, Report, findings_from
 from envforge.errors import EnvforgeError, InputError, UsageError
-from envforge.gate import audit as gate_audit
+from envforge.executor import LocalExecutor
 from envforge.gate.config import GateSettings
 from envforge.llm import LLMClient, atomic_write, request_key, run_concurrently
 from envforge.progress import Progress, Step, reporter
@@ -211,8 +211,9 @@ class _Run:
     """The state of one capability's synthesis: its folder, manifest and attempts."""
 
     def __init__(self, spec: CapabilitySpec, target: Target, target_spec: str, config: SynthConfig,
-                 kind: str, family: Family | None, say: Callable[[str], None]):
+                 kind: str, family: Family | None, say: Callable[[str], None], executor: Any = None):
         self.spec, self.target, self.config, self.kind, self.family = spec, target, config, kind, family
+        self.executor = executor or LocalExecutor()
         self.slug = slug_for(spec.name, target, family)
         self.folder = Path(config.out_dir) / self.slug
         self.say = say
@@ -276,10 +277,10 @@ class _Run:
         # the draws unpredictable to the code (a quine can hash its own source, not the secret)
         key = hashlib.sha256(probe_secret(Path(self.config.out_dir)) + code.encode("utf-8"))
         probe_seed = int(key.hexdigest()[:15], 16)
-        return gate_audit(self.folder, target=self.target, backend=self.config.backend,
-                          settings=GateSettings(seeds=self.config.seeds, probe_seed=probe_seed),
-                          write_report=True,
-                          progress=lambda step: self.say(f"gate: {step.text}"))
+        return self.executor.audit(self.folder, target=self.target, backend=self.config.backend,
+                                   settings=GateSettings(seeds=self.config.seeds, probe_seed=probe_seed),
+                                   write_report=True,
+                                   progress=lambda step: self.say(f"gate: {step.text}"))
 
 
 _SECRET_LOCK = threading.Lock()
@@ -317,12 +318,14 @@ def target_label(target: str | Path | Target) -> str:
 
 def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: SynthConfig | None = None,
                *, client: Any = None, progress: Progress | None = None,
-               label: str | None = None) -> SynthResult:
+               label: str | None = None, executor: Any = None) -> SynthResult:
     """Synthesize one capability on ``target``; write ``env.py``, ``manifest.json`` and
     ``report.json`` into ``config.out_dir/<slug>``. Returns the result (verdict ``accept``,
     ``reject``, or ``error`` with a message), never raises for a capability-level failure
     except UsageError (the command was asked something impossible). ``progress`` gets a
-    ``Step`` (``envforge.progress``) per phase, its item the capability."""
+    ``Step`` (``envforge.progress``) per phase, its item the capability. ``executor``
+    (``envforge.executor``) runs the gate's audits: here (default), or as Ray tasks; the LLM
+    requests stay in this process either way."""
     config = config or SynthConfig()
     spec = CapabilitySpec(spec) if isinstance(spec, str) else spec
     target_spec = label or target_label(target)
@@ -330,7 +333,7 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
     kind = resolve_synthesizer(config, client)
     family = match_family(spec.name, spec.description) if kind == "template" else None
     say = reporter(progress, spec.name)
-    run = _Run(spec, tgt, target_spec, config, kind, family, say)
+    run = _Run(spec, tgt, target_spec, config, kind, family, say, executor)
     if kind == "openai" and client is not None:
         run.manifest["model"] = client.model
 
@@ -421,13 +424,15 @@ def _llm(run: _Run, client: Any) -> SynthResult:
 
 def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Target,
                      config: SynthConfig | None = None, *, client: Any = None,
-                     progress: Progress | None = None) -> list[SynthResult]:
+                     progress: Progress | None = None, executor: Any = None) -> list[SynthResult]:
     """Synthesize every capability of ``specs`` on ``target``, ``config.concurrency`` at once;
     ``progress`` gets each capability's steps, and one with ``done``/``total`` as each
     finishes. Results in the order of ``specs``;
     a capability that fails is an ``error`` result, not an exception (UsageError aside). Two
     capabilities that would write the same folder (the same template family) run once: the
-    later one is an ``error`` result naming the first."""
+    later one is an ``error`` result naming the first. With a Ray ``executor`` each audit is a
+    Ray task; the ``config.concurrency`` threads here make the LLM requests (one client, one
+    ``rate_limit``) and wait for their audits."""
     config = config or SynthConfig()
     tgt = target if isinstance(target, Target) else load_target(target)
     kind = resolve_synthesizer(config, client)
@@ -457,7 +462,8 @@ def synthesize_batch(specs: Sequence[CapabilitySpec], target: str | Path | Targe
         nonlocal finished
         spec = specs[i]
         try:
-            return synthesize(spec, tgt, config, client=client, progress=progress, label=label)
+            return synthesize(spec, tgt, config, client=client, progress=progress, label=label,
+                              executor=executor)
         except UsageError as e:  # a capability the template families do not cover
             return SynthResult(spec.name, None, None, "error", synthesizer=kind, error=str(e))
         finally:

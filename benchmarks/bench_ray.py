@@ -1,0 +1,174 @@
+"""Ray benchmark: audits per minute with 1 and 2 nodes, and env steps per second through Ray
+sandbox actors against the local warm pool.
+
+    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--out benchmarks/results/ray.json]
+
+A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU, then a second
+node with one CPU joining it. Audits: ``--audits`` copies of the example env, each a Ray task of
+one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end. Env steps: one lease
+stepping alone (the per-step cost: a round trip to a sandbox), and ``--pool`` leases stepping
+from as many threads (throughput), for ``sandbox.pool.SandboxPool`` and ``RayPool``.
+
+Goals (issue 17): audits/min with 2 nodes >= 1.8x 1 node; env steps/s through Ray actors >= 0.5x
+the local pool. Both nodes share this machine's cores with everything else running on it: the
+load average is recorded before and after, and the 2-node figure cannot beat the cores that were
+free.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from envforge.contract import Limits  # noqa: E402
+from envforge.executor import RayExecutor, RayPool  # noqa: E402
+from envforge.gate.config import GateSettings  # noqa: E402
+from sandbox.pool import SandboxPool  # noqa: E402
+
+GOOD_DIR = REPO / "generated_envs" / "helpdesk_precondition_verification"
+
+#: an env whose episodes never end: every step is the same small round trip
+ECHO_ENV = '''"""Capability: echo (a benchmark env).
+
+Why it transfers: it does not; it answers every message.
+"""
+CAPABILITY = "echo"
+
+
+class Env:
+    tools = []
+    max_turns = 100
+
+    def reset(self, seed):
+        self.n = 0
+        return {"messages": [{"role": "user", "content": "say something " + str(seed)}]}, {}
+
+    def step(self, action):
+        self.n += 1
+        return {"messages": [{"role": "user", "content": "again " + str(self.n)}]}, 0.0, False, False, {}
+
+    def solve(self, seed):
+        return [{"role": "assistant", "content": "ok"}]
+'''
+ACTION = {"role": "assistant", "content": "ok"}
+
+
+def audits_per_minute(executor: RayExecutor, paths: list[str], seeds: int) -> dict:
+    t0 = time.perf_counter()
+    reports = executor.audit_all(paths, settings=GateSettings(seeds=seeds, probe_seed=1),
+                                 write_report=False)
+    s = time.perf_counter() - t0
+    assert all(r.accepted for r in reports), [r.verdict for r in reports]
+    return {"audits": len(paths), "seconds": round(s, 2), "per_min": round(len(paths) / s * 60, 2),
+            "nodes_used": len(set(executor.where[p] for p in paths))}
+
+
+def steps_per_second(pool, steps: int, threads: int) -> dict:
+    """One lease stepping alone (latency), then ``threads`` leases at once (throughput)."""
+    def run(n: int, out: list) -> None:
+        with pool.acquire(timeout=120) as lease:
+            lease.reset(0)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                lease.step(ACTION)
+            out.append(time.perf_counter() - t0)
+    alone: list = []
+    run(steps, alone)
+    spent: list = []
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=run, args=(steps, spent)) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - t0
+    return {"step_ms": round(alone[0] / steps * 1000, 3),
+            "steps_per_s": round(threads * steps / wall, 1), "threads": threads}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--audits", type=int, default=4)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--pool", type=int, default=4)
+    ap.add_argument("--backend", default="process")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ray.json"))
+    args = ap.parse_args()
+
+    from tests.ray_cluster import Cluster
+    load0 = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    paths = []
+    for i in range(args.audits):
+        shutil.copytree(GOOD_DIR, work / f"env{i}")
+        paths.append(str(work / f"env{i}"))
+    limits = Limits()
+    results: dict = {"audits": {}, "steps": {}}
+    cluster = Cluster()
+    try:
+        local = SandboxPool(ECHO_ENV, size=args.pool, backend=args.backend, limits=limits)
+        local.wait_warm(120)
+        results["steps"]["local pool"] = steps_per_second(local, args.steps, args.pool)
+        local.close()
+
+        os.environ.update(cluster.env)  # the cluster's token, read when ray is imported
+        import ray
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        executor = RayExecutor()
+        for nodes in (1, 2):
+            if nodes == 2:
+                cluster.add_worker()
+                time.sleep(2)
+            results["audits"][f"{nodes} node(s)"] = audits_per_minute(executor, paths, args.seeds)
+            pool = RayPool(ECHO_ENV, size=args.pool, backend=args.backend, limits=limits)
+            results["steps"][f"Ray actors, {nodes} node(s)"] = {
+                **steps_per_second(pool, args.steps, args.pool), "nodes_used": len(pool.nodes)}
+            pool.close()
+    finally:
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    load1 = os.getloadavg()
+
+    a1, a2 = results["audits"]["1 node(s)"], results["audits"]["2 node(s)"]
+    base = results["steps"]["local pool"]
+    results["audit_speedup_2_vs_1"] = round(a2["per_min"] / a1["per_min"], 2)
+    results["ray_vs_local_steps"] = {k: round(v["steps_per_s"] / base["steps_per_s"], 2)
+                                     for k, v in results["steps"].items()}
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "load_before": [round(x, 2) for x in load0],
+                          "load_after": [round(x, 2) for x in load1],
+                          "note": "one machine: both Ray nodes share its cores with other work"}
+    results["settings"] = vars(args)
+
+    print(f"| audits ({args.audits} x example env, {args.seeds} seeds) | seconds | audits/min | nodes used |")
+    print("|---|---|---|---|")
+    for k, v in results["audits"].items():
+        print(f"| {k} | {v['seconds']} | {v['per_min']} | {v['nodes_used']} |")
+    print(f"\n2 nodes vs 1: {results['audit_speedup_2_vs_1']}x (goal >= 1.8x)\n")
+    print(f"| env steps ({args.steps} per lease) | ms per step, one lease | steps/s, {args.pool} "
+          "leases | vs local pool |")
+    print("|---|---|---|---|")
+    for k, v in results["steps"].items():
+        print(f"| {k} | {v['step_ms']} | {v['steps_per_s']} | {results['ray_vs_local_steps'][k]}x |")
+    print(f"\nload average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} cores, shared)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""A real Ray cluster of two nodes on this machine, for the tests: ``ray start --head`` on free
+ports plus a second node (``ray start --address``) joining it, one CPU each, each with its own
+temp folder. Every node runs ``ray start --block`` in a process group of its own, so stopping a
+node kills exactly the processes it started (never a machine-wide ``ray stop``)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RAY = str(Path(sys.executable).with_name("ray"))
+
+def cluster_env() -> dict:
+    """What the nodes and every client of the test cluster share: token authentication with a
+    token made for this run (Ray binds to the machine's address, not only loopback), and a lost
+    node noticed in about a second rather than half a minute."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.urandom(16).hex(),
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "300",
+            "RAY_health_check_timeout_ms": "300", "RAY_health_check_failure_threshold": "3"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ports() -> list[str]:
+    out = []
+    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                 "--runtime-env-agent-port"):
+        out += [flag, str(free_port())]
+    low = free_port()
+    return out + ["--min-worker-port", str(low), "--max-worker-port", str(low + 40)]
+
+
+class Node:
+    def __init__(self, args: list[str], label: str, shared: dict):
+        self.dir = Path(tempfile.mkdtemp(prefix=f"ef-ray-{label}-", dir="/tmp"))  # short: sockets
+        env = {**os.environ, **shared,
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        self.log = open(self.dir / "node.log", "wb")
+        self.proc = subprocess.Popen([RAY, "start", "--block", "--num-cpus", "1",
+                                      "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.dir),
+                                      "--disable-usage-stats", *_ports(), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=REPO)
+
+    def pids(self, name: str | None = None) -> list[int]:
+        """This node's processes (its process group, and the workers its raylet started in
+        groups of their own), or those called ``name``."""
+        import psutil
+        found = []
+        for p in psutil.process_iter(["name"]):
+            try:
+                if os.getpgid(p.pid) == self.proc.pid:
+                    found += [p, *p.children(recursive=True)]
+            except (ProcessLookupError, psutil.Error):
+                pass
+        out = []
+        for p in found:
+            try:
+                if name is None or p.name() == name:
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+        return sorted(set(out))
+
+    def kill_raylet(self) -> None:
+        """The node dies: its raylet is killed (its workers and ``ray start`` follow it)."""
+        for pid in self.pids("raylet"):
+            os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tail(self) -> str:
+        try:
+            return (self.dir / "node.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+
+class Cluster:
+    """A head node and worker nodes (``add_worker``); ``address`` is the head's, ``env`` what a
+    client needs in its environment to join (the token)."""
+
+    def __init__(self):
+        self.env = cluster_env()
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.head = Node(["--head", "--port", str(self.port), "--include-dashboard", "false",
+                          "--dashboard-port", str(free_port()),
+                          "--ray-client-server-port", str(free_port())], "head", self.env)
+        self.workers: list[Node] = []
+        self._wait(1)
+
+    def add_worker(self) -> Node:
+        node = Node(["--address", self.address], "worker", self.env)
+        self.workers.append(node)
+        self._wait(1 + sum(w.proc.poll() is None for w in self.workers))
+        return node
+
+    def alive(self) -> list[str]:
+        import ray
+        return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+    def alive_after(self, nodes: int, seconds: float = 15) -> list[str]:
+        """The live nodes, once there are ``nodes`` of them (a dead node is noticed in about a
+        second) or ``seconds`` have passed."""
+        deadline = time.monotonic() + seconds
+        alive = self.alive()
+        while len(alive) != nodes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = self.alive()
+        return alive
+
+    def _wait(self, nodes: int, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.head.proc.poll() is not None:
+                raise RuntimeError(f"ray start --head exited: {self.head.tail()}")
+            r = subprocess.run([RAY, "status", "--address", self.address], capture_output=True,
+                               text=True, timeout=60, env={**os.environ, **self.env})
+            if r.returncode == 0 and r.stdout.count("node_") >= nodes:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the cluster did not reach {nodes} nodes in {timeout:g} s: "
+                           f"{self.head.tail()} {' '.join(w.tail() for w in self.workers)}")
+
+    def stop(self) -> None:
+        for node in [*self.workers, self.head]:
+            node.stop()

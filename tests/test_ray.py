@@ -1,0 +1,320 @@
+"""--executor ray on a real Ray cluster of two nodes on this machine (tests/ray_cluster.py: a head
+and a second node joining it, one CPU each, started and stopped here): audits, synthesis and
+rollouts spread over both nodes and give the answers a local run gives; a node killed mid-run
+(its raylet, SIGKILL) loses nothing. Skips with the reason when ray is not installed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from envforge.executor import ExecutorSettings, LocalExecutor, make_executor
+from envforge.errors import UsageError
+from tests.conftest import REPO
+from tests.envfactory import GOOD_DIR
+
+pytestmark = pytest.mark.ray
+SEEDS = 8  # the gate's seeds per property: few, for speed
+
+
+def test_local_is_the_default_and_needs_no_ray():
+    assert isinstance(make_executor(), LocalExecutor)
+    with pytest.raises(UsageError, match="--ray-address needs --executor ray"):
+        make_executor(ExecutorSettings(ray_address="127.0.0.1:6379"))
+    r = subprocess.run([sys.executable, "-m", "envforge", "audit", str(GOOD_DIR), "--static-only",
+                        "--no-report", "--executor", "slurm"], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "--executor" in r.stderr and "slurm" in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="ray is not installed: pip install -c constraints.txt "
+                              "-e '.[ray]'")
+    from tests.ray_cluster import Cluster
+    c = Cluster()
+    saved = {k: os.environ.get(k) for k in c.env}
+    try:
+        c.add_worker()
+        os.environ.update(c.env)  # the token: this process joins as a client
+        _reload_ray_config()
+        ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reload_ray_config()
+
+
+def _reload_ray_config():
+    """Ray reads RAY_AUTH_MODE and the token once per process (ray imported by an earlier test
+    read them): make it read them again, as ray.init does after it enables token auth."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def ray_executor():
+    return make_executor(ExecutorSettings(executor="ray"))  # joins the fixture's cluster
+
+
+def envs(tmp_path, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        shutil.copytree(GOOD_DIR, tmp_path / f"env{i}")
+        out.append(str(tmp_path / f"env{i}"))
+    return out
+
+
+#: what two audits of one env measure differently even on one machine: times, memory, and the
+#: number of env calls (hypothesis's state machines vary it)
+MEASURED = ("reset_ms", "reset_growth_mb", "reset_growth_kib", "calls", "call_ms")
+
+
+def same(report: dict) -> dict:
+    """A report as JSON without what differs between two runs of one audit anywhere: its path,
+    its stages' times and ``MEASURED``; verdict, findings and the scores stay."""
+    d = {k: v for k, v in report.items() if k not in ("stages", "path")}
+    d["stats"] = {k: v for k, v in d["stats"].items() if k not in MEASURED}
+    assert "mean_score" in d["stats"] and "solved" in d["stats"]
+    return d
+
+
+def gate():
+    from envforge.gate.config import GateSettings
+    return GateSettings(seeds=SEEDS, probe_seed=1234)
+
+
+# ----------------------------------------------------------------------------- audits
+
+
+def test_audits_run_on_both_nodes_and_equal_local_ones(cluster, tmp_path):
+    paths = envs(tmp_path, 4)
+    local = LocalExecutor().audit_all(paths[:1], settings=gate(), write_report=False)
+    executor = ray_executor()
+    steps = []
+    reports = executor.audit_all(paths, settings=gate(), progress=steps.append)
+    assert [same(r.to_dict()) for r in reports] == [same(local[0].to_dict())] * 4
+    assert all(r.accepted for r in reports)
+    assert set(executor.where) == set(paths)
+    assert set(executor.where.values()) == set(cluster.alive())  # work ran on both nodes
+    assert sorted(s.done for s in steps) == [1, 2, 3, 4]
+    for p, r in zip(paths, reports):  # report.json comes back and is written by the caller
+        assert json.loads((tmp_path / p / "report.json").read_text()) == r.to_dict()
+
+
+def test_audit_command_on_ray(cluster, tmp_path):
+    [path] = envs(tmp_path, 1)
+    r = subprocess.run([sys.executable, "-m", "envforge", "audit", path, "--seeds", str(SEEDS),
+                        "--executor", "ray", "--ray-address", cluster.address, "--json"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    [result] = json.loads(r.stdout)["results"]
+    assert result["verdict"] == "accept" and result["stats"]["solved"] == f"{SEEDS}/{SEEDS}"
+    assert json.loads((tmp_path / "env0" / "report.json").read_text())["verdict"] == "accept"
+
+
+def test_a_head_that_cannot_be_reached_is_a_clear_error(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed")
+    from tests.ray_cluster import free_port
+    r = subprocess.run([sys.executable, "-m", "envforge", "audit", str(GOOD_DIR), "--no-report",
+                        "--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("error: cannot join the Ray cluster at 127.0.0.1:") and \
+        "Traceback" not in r.stderr, r.stderr
+
+
+def test_synth_from_on_ray_equals_local(cluster, tmp_path):
+    from envforge.synth import CapabilitySpec, SynthConfig, synthesize_batch
+    specs = [CapabilitySpec("precondition verification"), CapabilitySpec("confirmation before write")]
+    results = {}
+    for name, executor in (("local", LocalExecutor()), ("ray", ray_executor())):
+        config = SynthConfig(out_dir=str(tmp_path / name), seeds=SEEDS, synthesizer="template")
+        results[name] = synthesize_batch(specs, "example", config, executor=executor)
+    assert [r.verdict for r in results["ray"]] == ["accept", "accept"]
+    for a, b in zip(results["local"], results["ray"]):
+        assert (a.slug, a.verdict) == (b.slug, b.verdict)
+        ra, rb = (json.loads((tmp_path / n / a.slug / "report.json").read_text())
+                  for n in ("local", "ray"))
+        assert same(ra) == same(rb)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("torch", reason="the train extra is not installed")
+    from tests.trainers_fixtures import brevity_env, tiny_model_dir
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny_model_dir(root, "hermes"), brevity_env(root / "brevity")
+
+
+def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
+    from trainers.calibrate import CalibrationConfig, calibrate
+    from trainers.evaluate import EvalConfig, evaluate
+    from trainers.policy import load_policy
+    model, env = tiny
+    policy = load_policy(model)
+    tasks = [{"env": str(env), "seed": s} for s in range(6)]
+    eval_config = EvalConfig(max_new_tokens=6, temperature=1.0, pool_size=4, backend="process")
+    cal_config = CalibrationConfig(groups=2, group_size=3, max_new_tokens=6, pool_size=4,
+                                   backend="process")
+    executor = ray_executor()
+    pools = executor.pools
+    here = evaluate(policy, tasks, eval_config).to_dict()
+    there = evaluate(policy, tasks, eval_config, executor=executor).to_dict()
+    assert there == here and len(here["episodes"]) == 6
+    assert len({e["score"] for e in here["episodes"]}) > 1  # sampled: the scores differ by seed
+    assert calibrate(policy, env, cal_config, executor=executor).to_dict() == \
+        calibrate(policy, env, cal_config).to_dict()
+    assert len(pools) == 2 and all(set(p.nodes) == set(cluster.alive()) for p in pools)  # both nodes
+
+
+def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_path):
+    from trainers.grpo import GRPOConfig, GRPOTrainer
+    from trainers.policy import load_policy
+    model, env = tiny
+    config = GRPOConfig(iterations=2, num_groups=2, group_size=2, max_new_tokens=6, lora_rank=4,
+                        backend="process", dynamic_sampling=False, pool_size=4)
+    keys = ("reward_mean", "reward_std", "constant_fraction", "episodes", "generated_tokens", "loss")
+    runs = {}
+    executor = ray_executor()
+    pools = executor.pools
+    for name, where in (("local", None), ("ray", executor)):
+        trainer = GRPOTrainer(load_policy(model), env, config, out=tmp_path / name, executor=where)
+        runs[name] = [{k: h[k] for k in keys} for h in trainer.train().history]
+    assert runs["ray"] == runs["local"] and len(runs["local"]) == 2
+    assert [set(p.nodes) for p in pools] == [set(cluster.alive())]  # its sandboxes on both nodes
+
+
+def test_calibrate_command_on_ray_equals_local(cluster, tiny):
+    model, env = tiny
+    args = [sys.executable, "-m", "envforge", "calibrate", str(env), "--model", str(model),
+            "--groups", "2", "--group-size", "2", "--max-new-tokens", "6", "--backend", "process",
+            "--json"]
+    run = {"capture_output": True, "text": True, "cwd": REPO, "timeout": 300,
+           "env": {**os.environ, "PYTHONPATH": str(REPO)}}
+    here = subprocess.run(args, **run)
+    there = subprocess.run(args + ["--executor", "ray", "--ray-address", cluster.address], **run)
+    assert here.returncode == there.returncode == 1, there.stderr  # a random model: not calibrated
+    assert json.loads(there.stdout) == json.loads(here.stdout)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def kill_worker_when(cluster, ready, timeout: float = 120) -> threading.Thread:
+    """Kill the worker node's raylet as soon as ``ready()`` (polled), from a thread."""
+    def run():
+        deadline = time.monotonic() + timeout
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cluster.workers[-1].kill_raylet()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_node_killed_mid_audit_loses_nothing(cluster, tmp_path):
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    paths = envs(tmp_path, 4)
+    local = LocalExecutor().audit_all(paths[:1], settings=gate(), write_report=False)
+    worker_busy = lambda: any(pid for pid in cluster.workers[-1].pids()  # noqa: E731
+                              if _is_task(pid, "audit_task"))
+    killer = kill_worker_when(cluster, worker_busy)
+    executor = ray_executor()
+    reports = executor.audit_all(paths, settings=gate())
+    killer.join(5)
+    assert len(cluster.alive_after(1)) == 1  # the worker node is gone ...
+    # ... before it finished an audit: every audit, the one it was running too, ran on the head
+    assert set(executor.where.values()) == set(cluster.alive())
+    assert [same(r.to_dict()) for r in reports] == [same(local[0].to_dict())] * 4
+
+
+class KillingPolicy:
+    """The policy, but its ``at``-th generation first kills the worker node and waits until the
+    cluster has noticed: the node dies mid-run, between two env steps, every time."""
+
+    def __init__(self, policy, cluster, at: int):
+        self._policy, self._cluster, self._at, self._calls = policy, cluster, at, 0
+
+    def generate(self, *args, **kwargs):
+        self._calls += 1
+        if self._calls == self._at:
+            self._cluster.workers[-1].kill_raylet()
+            assert len(self._cluster.alive_after(1)) == 1
+        return self._policy.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+
+def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
+    from trainers.evaluate import EvalConfig, evaluate
+    from trainers.policy import load_policy
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    model, env = tiny
+    policy = load_policy(model)
+    tasks = [{"env": str(env), "seed": s} for s in range(8)]
+    config = EvalConfig(max_new_tokens=6, temperature=1.0, pool_size=4, backend="process")
+    here = evaluate(policy, tasks, config).to_dict()
+    executor = ray_executor()
+    pools = executor.pools
+    # the second generation: the first lane has stepped, the second has not
+    there = evaluate(KillingPolicy(policy, cluster, at=2), tasks, config, executor=executor).to_dict()
+    assert len(pools[0].nodes) == 2 and pools[0].replaced >= 1  # the dead node's sandboxes ...
+    assert there == here  # ... were replaced and their episodes replayed: the same scores
+
+
+def _is_task(pid: int, name: str) -> bool:
+    import psutil
+    try:
+        return name in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
+def test_a_dead_head_stops_the_run_with_a_clear_error_and_keeps_what_was_done(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed")
+    import signal
+    from tests.ray_cluster import Cluster
+    c = Cluster()  # a head of its own: this test kills it
+    try:
+        paths = envs(tmp_path, 3)
+        proc = subprocess.Popen([sys.executable, "-m", "envforge", "audit", *paths, "--seeds",
+                                 str(SEEDS), "--executor", "ray", "--ray-address", c.address],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                env={**os.environ, **c.env, "PYTHONPATH": str(REPO)})
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "env0" / "report.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(c.head.proc.pid, signal.SIGKILL)  # the whole head node, GCS included
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        assert time.monotonic() - t0 < 30  # Ray alone would wait a minute
+    finally:
+        c.stop()
+    assert proc.returncode == 1, err
+    assert f"error: the Ray cluster's head at {c.address} stopped answering" in err
+    assert "run the command again to resume" in err
+    assert json.loads((tmp_path / "env0" / "report.json").read_text())["verdict"] == "accept"
