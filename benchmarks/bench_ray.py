@@ -1,13 +1,15 @@
 """Ray benchmark: audits per minute with 1 and 2 nodes, and env steps per second through Ray
 sandbox actors against the local warm pool.
 
-    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--out benchmarks/results/ray.json]
+    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--pool 4 16] [--out benchmarks/results/ray.json]
 
 A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU, then a second
 node with one CPU joining it. Audits: ``--audits`` copies of the example env, each a Ray task of
 one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end. Env steps: one lease
-stepping alone (the per-step cost: a round trip to a sandbox), and ``--pool`` leases stepping
-from as many threads (throughput), for ``sandbox.pool.SandboxPool`` and ``RayPool``.
+stepping alone (the per-step cost: a round trip to a sandbox), and all the leases of a pool of
+each ``--pool`` size stepping from as many threads (throughput, the shape of a rollout's wave),
+for ``sandbox.pool.SandboxPool`` and ``RayPool`` (whose leases on one actor send their steps
+together, one actor call per batch).
 
 Goals (issue 17): audits/min with 2 nodes >= 1.8x 1 node; env steps/s through Ray actors >= 0.5x
 the local pool. Both nodes share this machine's cores with everything else running on it: the
@@ -102,7 +104,7 @@ def main() -> None:
     ap.add_argument("--audits", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--pool", type=int, default=4)
+    ap.add_argument("--pool", type=int, nargs="+", default=[4, 16], help="pool sizes")
     ap.add_argument("--backend", default="process")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ray.json"))
     args = ap.parse_args()
@@ -118,10 +120,11 @@ def main() -> None:
     results: dict = {"audits": {}, "steps": {}}
     cluster = Cluster()
     try:
-        local = SandboxPool(ECHO_ENV, size=args.pool, backend=args.backend, limits=limits)
-        local.wait_warm(120)
-        results["steps"]["local pool"] = steps_per_second(local, args.steps, args.pool)
-        local.close()
+        for size in args.pool:
+            local = SandboxPool(ECHO_ENV, size=size, backend=args.backend, limits=limits)
+            local.wait_warm(120)
+            results["steps"][f"local pool, {size}"] = steps_per_second(local, args.steps, size)
+            local.close()
 
         os.environ.update(cluster.env)  # the cluster's token, read when ray is imported
         import ray
@@ -132,10 +135,11 @@ def main() -> None:
                 cluster.add_worker()
                 time.sleep(2)
             results["audits"][f"{nodes} node(s)"] = audits_per_minute(executor, paths, args.seeds)
-            pool = RayPool(ECHO_ENV, size=args.pool, backend=args.backend, limits=limits)
-            results["steps"][f"Ray actors, {nodes} node(s)"] = {
-                **steps_per_second(pool, args.steps, args.pool), "nodes_used": len(pool.nodes)}
-            pool.close()
+            for size in args.pool:
+                pool = RayPool(ECHO_ENV, size=size, backend=args.backend, limits=limits)
+                results["steps"][f"Ray actors, {nodes} node(s), {size}"] = {
+                    **steps_per_second(pool, args.steps, size), "nodes_used": len(pool.nodes)}
+                pool.close()
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
@@ -144,10 +148,9 @@ def main() -> None:
     load1 = os.getloadavg()
 
     a1, a2 = results["audits"]["1 node(s)"], results["audits"]["2 node(s)"]
-    base = results["steps"]["local pool"]
     results["audit_speedup_2_vs_1"] = round(a2["per_min"] / a1["per_min"], 2)
-    results["ray_vs_local_steps"] = {k: round(v["steps_per_s"] / base["steps_per_s"], 2)
-                                     for k, v in results["steps"].items()}
+    results["ray_vs_local_steps"] = {k: round(v["steps_per_s"] / results["steps"][
+        f"local pool, {k.rpartition(', ')[2]}"]["steps_per_s"], 2) for k, v in results["steps"].items()}
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_before": [round(x, 2) for x in load0],
                           "load_after": [round(x, 2) for x in load1],
@@ -159,11 +162,11 @@ def main() -> None:
     for k, v in results["audits"].items():
         print(f"| {k} | {v['seconds']} | {v['per_min']} | {v['nodes_used']} |")
     print(f"\n2 nodes vs 1: {results['audit_speedup_2_vs_1']}x (goal >= 1.8x)\n")
-    print(f"| env steps ({args.steps} per lease) | ms per step, one lease | steps/s, {args.pool} "
-          "leases | vs local pool |")
+    print(f"| env steps ({args.steps} per lease), pool size | ms per step, one lease | steps/s, "
+          "every lease at once | vs local pool |")
     print("|---|---|---|---|")
     for k, v in results["steps"].items():
-        print(f"| {k} | {v['step_ms']} | {v['steps_per_s']} | {results['ray_vs_local_steps'][k]}x |")
+        print(f"| {k} | {v['step_ms']} | {v['steps_per_s']:,} | {results['ray_vs_local_steps'][k]}x |")
     print(f"\nload average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} cores, shared)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

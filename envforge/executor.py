@@ -12,11 +12,13 @@ Both executors give the same answers; only the place differs. ``local`` imports 
   and sends them with the task; the report comes back and report.json is written by the caller.
   A task whose node dies is retried elsewhere (``TASK_RETRIES``); the gate's probes are drawn
   from the settings' ``probe_seed``, so a retried audit gives the same report.
-- Rollouts: ``RayPool`` has the lease API of ``sandbox.pool.SandboxPool``; each sandbox lives in a
-  Ray actor spread over the nodes. A sandbox whose actor died (its node was lost) is replaced by
-  a new actor and the episode so far is replayed into it (reset with the same seed, the same
-  actions: envs are deterministic, the gate checks it) before the call is retried, so the
-  episode goes on as if nothing happened.
+- Rollouts: ``RayPool`` has the lease API of ``sandbox.pool.SandboxPool``; its sandboxes live in
+  Ray actors, one per node, each hosting its node's share. The steps that several leases send
+  to one actor at the same time (a rollout steps a whole lane at once) travel as one actor call:
+  a Ray call costs about a millisecond, a local sandbox step far less. An actor that died (its
+  node was lost) is replaced by a new one and each of its sandboxes' episodes so far is
+  replayed into it (reset with the same seed, the same actions: envs are deterministic, the
+  gate checks it) before the calls are sent again, so the episodes go on as if nothing happened.
 - LLM requests are not sent from Ray: synthesis keeps them on the caller, where one client's
   ``rate_limit`` and the synthesis concurrency bound them for the whole run.
 
@@ -30,6 +32,7 @@ import queue
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,6 +50,7 @@ EXECUTORS = ("local", "ray")
 ADDRESS_ENV = "ENVFORGE_RAY_ADDRESS"
 TASK_RETRIES = 3        # a Ray task whose node died runs again elsewhere, at most this often
 ACTOR_REPLACEMENTS = 3  # a sandbox actor that died is replaced at most this often per call
+GATHER_S = 0.002        # how long an actor's next call waits for its other leased sandboxes' calls
 
 
 @dataclass
@@ -265,110 +269,240 @@ class RayExecutor:
 
 
 class SandboxActor:
-    """A Ray actor holding one warm sandbox (a local ``SandboxPool`` of one, whose thread starts
-    it and starts a replacement when it dies) with the env loaded and an instance made."""
+    """A Ray actor holding ``slots`` warm sandboxes (a local ``SandboxPool``, whose thread starts
+    them and starts a replacement when one dies), each slot with the env loaded and an instance
+    made. ``run`` takes the calls of several slots at once: one actor call per batch, not per
+    step, and the slots' sandboxes work in parallel."""
 
-    def __init__(self, source: str, backend: str, limits: Limits | None, hash_seed: int):
-        self.pool = SandboxPool(source, size=1, backend=backend, limits=limits, hash_seed=hash_seed)
-        self.lease: Lease | None = None
+    def __init__(self, source: str, backend: str, limits: Limits | None, hash_seed: int,
+                 slots: int = 1):
+        self.pool = SandboxPool(source, size=slots, backend=backend, limits=limits,
+                                hash_seed=hash_seed)
+        self.leases: list[Lease | None] = [None] * slots
+        self.threads = ThreadPoolExecutor(max_workers=slots) if slots > 1 else None
 
-    def call(self, op: str, arg: Any) -> tuple:
-        """("ok", value) or ("error", failure); ``op``: reset, step, solve, or ready (the env's
-        meta and this node's id)."""
+    def run(self, batch: list[tuple[int, list[tuple[str, Any]]]]) -> list[list[tuple]]:
+        """For each (slot, calls) of ``batch``, its calls in order: a list of ("ok", value) or
+        ("error", failure) per call; the slots run in parallel."""
+        if self.threads is None or len(batch) == 1:
+            return [self._calls(slot, calls) for slot, calls in batch]
+        return list(self.threads.map(lambda item: self._calls(*item), batch))
+
+    def _calls(self, slot: int, calls: list[tuple[str, Any]]) -> list[tuple]:
+        return [self._call(slot, op, arg) for op, arg in calls]
+
+    def _call(self, slot: int, op: str, arg: Any) -> tuple:
+        """``op``: reset, step, solve, or ready (the env's meta and this node's id)."""
         try:
-            if self.lease is None or self.lease.sandbox.closed:
-                if self.lease is not None:
-                    self.lease.release()
-                self.lease = self.pool.acquire(timeout=120)
+            lease = self.leases[slot]
+            if lease is None or lease.sandbox.closed:
+                if lease is not None:
+                    lease.release()
+                lease = self.leases[slot] = self.pool.acquire(timeout=120)
             if op == "ready":
-                return "ok", {"meta": self.lease.meta, "node": node_id()}
-            return "ok", getattr(self.lease, op)(arg)
+                return "ok", {"meta": lease.meta, "node": node_id()}
+            return "ok", getattr(lease, op)(arg)
         except EnvforgeError as e:
             return "error", _failure(e)
         except TimeoutError as e:
             return "error", ("SandboxUnavailable", str(e))
 
 
-class RemoteSandbox:
-    """The caller's side of one ``SandboxActor``, shaped as a ``sandbox.base.Sandbox`` as far as
-    ``SandboxEnv`` and ``Lease`` use one: ``reset``/``step``/``solve``, ``meta``, ``closed``,
-    ``kill``. Remembers the episode's calls so that a replacement actor can be brought to the
-    same state."""
+class _Request:
+    """One sandbox call waiting for its batch."""
 
-    def __init__(self, pool: "RayPool"):
-        self.pool = pool
-        self.actor = pool._spawn()
-        self.episode: list[tuple[str, Any]] = []
-        self.meta: dict = {}
-        self.node: str | None = None
-        self.closed = False
+    def __init__(self, slot: int, op: str, arg: Any):
+        self.slot, self.op, self.arg = slot, op, arg
+        self.result: tuple | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
 
-    def ready(self) -> dict:
-        info = self._call("ready", None)
-        self.meta, self.node = info["meta"], info["node"]
-        self.pool._placed(self.node)
-        return info
 
-    def reset(self, instance: int, seed: int) -> list:
-        self.episode = []
-        out = self._call("reset", seed)
-        self.episode = [("reset", seed)]
-        return out
+class RemoteActor:
+    """The caller's side of one ``SandboxActor``: the calls that threads make to its sandboxes
+    while a batch is out are queued, and sent together as the next batch (run_episodes steps a
+    whole lane at once: one actor call per actor, not per episode). It keeps each slot's
+    episode so far (the reset and the steps that succeeded): when the actor dies (its node was
+    lost), a new one is started and every slot's episode replayed into it (the same resets, the
+    same actions: envs are deterministic, the gate checks it) before the batch is sent again,
+    so the episodes go on as if nothing happened."""
 
-    def step(self, instance: int, action: Any) -> list:
-        out = self._call("step", action)
-        self.episode.append(("step", action))
-        return out
+    def __init__(self, pool: "RayPool", slots: int, node: str | None = None):
+        self.pool, self.slots = pool, slots
+        self.actor = pool._spawn(slots, node)
+        self.episodes: list[list[tuple[str, Any]]] = [[] for _ in range(slots)]
+        self.nodes: list[str | None] = [None] * slots
+        self.metas: list[dict] = [{}] * slots
+        self.dead = False
+        self.leased = 0  # how many of its sandboxes are lent out (RayPool keeps the count)
+        self._queue: list[_Request] = []
+        self._cond = threading.Condition()
+        self._ready = self.actor.run.remote([(i, [("ready", None)]) for i in range(slots)])
+        self._thread = threading.Thread(target=self._dispatch, name="envforge-ray-actor",
+                                        daemon=True)
 
-    def solve(self, instance: int, seed: int) -> list:
-        return self._call("solve", seed)
+    def ready(self) -> None:
+        """Wait for the actor's sandboxes (started in parallel with the other actors')."""
+        try:
+            self._took(self._get(self._ready))
+        except _ActorDied:
+            self._send([])  # the actor died starting: replaced (and asked again) by _send
+        for slot in range(self.slots):
+            status, value = self._readiness[slot]
+            if status == "error":
+                _raise(value)
+        self._thread.start()
 
-    def _call(self, op: str, arg: Any) -> Any:
-        ray = _ray()
+    def _took(self, answers: list[list[tuple]]) -> None:
+        """Each slot's answer to "ready" (its first call in a batch): its meta and node."""
+        self._readiness = [results[0] for results in answers]
+        for slot, (status, value) in enumerate(self._readiness):
+            if status == "ok":
+                self.metas[slot], self.nodes[slot] = value["meta"], value["node"]
+                self.pool._placed(value["node"])
+
+    def call(self, slot: int, op: str, arg: Any) -> Any:
+        request = _Request(slot, op, arg)
+        with self._cond:
+            if self.dead:
+                raise SandboxUnavailable("this sandbox's actor is gone")
+            self._queue.append(request)
+            self._cond.notify()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        status, value = request.result
+        if status == "error":
+            _raise(value)
+        return value
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self.dead:
+                    self._cond.wait()
+                # the other leased sandboxes' calls are likely on their way (a lane steps at
+                # once): wait for them a moment, to send them in the same actor call
+                deadline = time.monotonic() + GATHER_S
+                while (0 < len(self._queue) < self.leased and not self.dead
+                       and self._cond.wait(max(0.0, deadline - time.monotonic()))):
+                    pass
+                batch, self._queue = self._queue, []
+            if not batch:
+                return
+            try:
+                if self.dead:
+                    raise SandboxUnavailable("this sandbox's actor is gone")
+                answers = self._send([(r.slot, [(r.op, r.arg)]) for r in batch])
+                self.pool._sent(len(batch))
+                for r, results in zip(batch, answers):
+                    r.result = results[0]
+                    self._record(r)
+            except BaseException as e:  # noqa: BLE001 (handed to the waiting callers)
+                for r in batch:
+                    r.error = e
+            for r in batch:
+                r.done.set()
+
+    def _record(self, r: _Request) -> None:
+        """Keep the slot's episode so far (only this thread touches it)."""
+        ok = r.result[0] == "ok"
+        if r.op == "reset":
+            self.episodes[r.slot] = [("reset", r.arg)] if ok else []
+        elif r.op == "step" and ok:
+            self.episodes[r.slot].append(("step", r.arg))
+
+    def _send(self, batch: list) -> list[list[tuple]]:
         for attempt in range(ACTOR_REPLACEMENTS + 1):
             try:
                 if attempt:
                     self._replace()
-                status, value = ray.get(self.actor.call.remote(op, arg))
-            except ray.exceptions.RayActorError as e:
+                return self._get(self.actor.run.remote(batch))
+            except _ActorDied as e:
                 if attempt == ACTOR_REPLACEMENTS or self.pool.closed:
-                    self.closed = True
+                    self.dead = True
                     raise ClusterError(f"a sandbox actor died {attempt + 1} times in a row (its "
-                                       f"node lost?): {str(e).splitlines()[0][:300]}") from None
-                continue
-            except ray.exceptions.RayError as e:  # the cluster itself (its head) failed
-                self.closed = True
-                raise ClusterError(f"the Ray cluster failed during a sandbox call: "
-                                   f"{str(e).splitlines()[0][:300]}") from None
-            if status == "error":
-                _raise(value)
-            return value
+                                       f"node lost?): {e}") from None
+        raise AssertionError("unreachable")
+
+    def _get(self, ref: Any) -> Any:
+        ray = _ray()
+        try:
+            return ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
+            raise _ActorDied(str(e).splitlines()[0][:300]) from None  # its node died
+        except ray.exceptions.RayError as e:  # the cluster itself (its head) failed
+            self.dead = True
+            raise ClusterError(f"the Ray cluster failed during a sandbox call: "
+                               f"{str(e).splitlines()[0][:300]}") from None
 
     def _replace(self) -> None:
-        """A new actor, brought to where this episode was: the same reset and steps again."""
-        ray = _ray()
-        self.kill()
-        self.closed = False
-        self.actor = self.pool._spawn(replacing=True)
-        status, info = ray.get(self.actor.call.remote("ready", None))
-        if status == "ok":
-            self.node = info["node"]
-            self.pool._placed(self.node)
-        for op, arg in self.episode:
-            ray.get(self.actor.call.remote(op, arg))  # an env error here is the one seen before
+        """A new actor, each slot brought to where its episode was."""
+        self.kill(stop=False)
+        self.actor = self.pool._spawn(self.slots, replacing=True)
+        self._took(self._get(self.actor.run.remote(  # a replay's env error is the one seen before
+            [(i, [("ready", None)] + self.episodes[i]) for i in range(self.slots)])))
 
-    def kill(self) -> None:
-        self.closed = True
+    def kill(self, stop: bool = True) -> None:
+        if stop:
+            with self._cond:
+                self.dead = True
+                self._cond.notify_all()
         try:
             _ray().kill(self.actor)
         except Exception:  # the actor or the cluster is gone already
             pass
 
 
+class _ActorDied(Exception):
+    pass
+
+
+class RemoteSandbox:
+    """One slot of a ``RemoteActor``, shaped as a ``sandbox.base.Sandbox`` as far as
+    ``SandboxEnv`` and ``Lease`` use one: ``reset``/``step``/``solve``, ``meta``, ``closed``,
+    ``kill``."""
+
+    def __init__(self, actor: RemoteActor, slot: int):
+        self.actor, self.slot = actor, slot
+
+    @property
+    def meta(self) -> dict:
+        return self.actor.metas[self.slot]
+
+    @property
+    def node(self) -> str | None:
+        return self.actor.nodes[self.slot]
+
+    @property
+    def closed(self) -> bool:
+        return self.actor.dead
+
+    def reset(self, instance: int, seed: int) -> list:
+        return self.actor.call(self.slot, "reset", seed)
+
+    def step(self, instance: int, action: Any) -> list:
+        return self.actor.call(self.slot, "step", action)
+
+    def solve(self, instance: int, seed: int) -> list:
+        return self.actor.call(self.slot, "solve", seed)
+
+    def lent(self, change: int) -> None:
+        with self.actor._cond:
+            self.actor.leased += change
+
+    def kill(self) -> None:
+        self.actor.kill()
+
+
 class RayPool:
-    """``size`` sandboxes, each in a Ray actor spread over the cluster's nodes, with the lease API
-    of ``sandbox.pool.SandboxPool`` (``acquire``, ``release``, ``wait_warm``, ``close``).
-    ``nodes`` counts the leases' placements per node (replacements included)."""
+    """``size`` sandboxes in Ray actors over the cluster's nodes, one actor per live node (up to
+    ``size``) hosting its share of the sandboxes, with the lease API of
+    ``sandbox.pool.SandboxPool`` (``acquire``, ``release``, ``wait_warm``, ``close``). The
+    steps that several leases of one actor send at once travel as one actor call
+    (``RemoteActor``). ``nodes`` counts the sandboxes' placements per node (replacements
+    included); ``started`` and ``replaced`` count actors; ``actor_calls`` the batches sent and
+    ``sandbox_calls`` the resets, steps and solves in them."""
 
     def __init__(self, source: str, size: int = 4, backend: str = "auto",
                  limits: Limits | None = None, hash_seed: int = 0, filename: str = "env.py"):
@@ -378,26 +512,43 @@ class RayPool:
         self.source, self.size, self.filename, self.backend = source, size, filename, backend
         self.limits, self.hash_seed = limits or Limits(), hash_seed
         self.started = self.replaced = 0
+        self.actor_calls = self.sandbox_calls = 0  # the calls sent, and the sandbox calls in them
         self.nodes: dict[str, int] = {}
         self.closed = False
         self._lock = threading.Lock()
-        self._actor = ray.remote(SandboxActor).options(num_cpus=0, max_restarts=0,
-                                                       scheduling_strategy="SPREAD")
+        self._actor = ray.remote(SandboxActor)
         self._idle: queue.Queue[Lease] = queue.Queue()
-        self._all = [Lease(self, RemoteSandbox(self), 0) for _ in range(size)]  # type: ignore[arg-type]
+        live = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        count = max(1, min(size, len(live)))
+        self.actors = [RemoteActor(self, size // count + (i < size % count),
+                                   live[i] if i < len(live) else None) for i in range(count)]
+        # the leases take turns over the actors: a wave smaller than the pool spans the nodes
+        self._all = [Lease(self, RemoteSandbox(a, slot), 0)  # type: ignore[arg-type]
+                     for slot in range(self.actors[0].slots) for a in self.actors if slot < a.slots]
         try:
+            for a in self.actors:
+                a.ready()
             for lease in self._all:
-                lease.sandbox.ready()  # the actors start in parallel; this waits for each
                 self._idle.put(lease)
         except BaseException:
             self.close()
             raise
 
-    def _spawn(self, replacing: bool = False) -> Any:
+    def _spawn(self, slots: int, node: str | None = None, replacing: bool = False) -> Any:
+        """A new actor of ``slots`` sandboxes: on ``node`` (one that was alive: should it die
+        first, the actor is replaced like any other), else where Ray spreads it."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         with self._lock:
             self.started += 1
             self.replaced += replacing
-        return self._actor.remote(self.source, self.backend, self.limits, self.hash_seed)
+        where = NodeAffinitySchedulingStrategy(node, soft=False) if node else "SPREAD"
+        return self._actor.options(num_cpus=0, max_restarts=0, scheduling_strategy=where).remote(
+            self.source, self.backend, self.limits, self.hash_seed, slots)
+
+    def _sent(self, calls: int) -> None:
+        with self._lock:
+            self.actor_calls += 1
+            self.sandbox_calls += calls
 
     def _placed(self, node: str) -> None:
         with self._lock:
@@ -416,20 +567,22 @@ class RayPool:
                                f"{self.size})") from None
         lease.released = False
         lease.uses += 1
+        lease.sandbox.lent(+1)
         return lease
 
     def release(self, lease: Lease) -> None:
         if lease.released:
             return
         lease.released = True
+        lease.sandbox.lent(-1)
         if self.closed:
-            lease.sandbox.kill()
             return
-        if lease.sandbox.closed:  # its actors kept dying: a fresh one
-            lease = Lease(self, RemoteSandbox(self), 0)  # type: ignore[arg-type]
-            lease.sandbox.ready()
+        if lease.sandbox.closed:  # its actors kept dying: a fresh actor for this sandbox
+            actor = RemoteActor(self, 1)
+            actor.ready()
+            lease = Lease(self, RemoteSandbox(actor, 0), 0)  # type: ignore[arg-type]
             with self._lock:
-                self.replaced += 1
+                self.actors.append(actor)
                 self._all.append(lease)
         self._idle.put(lease)
 
@@ -440,8 +593,8 @@ class RayPool:
         if self.closed:
             return
         self.closed = True
-        for lease in getattr(self, "_all", []):
-            lease.sandbox.kill()
+        for actor in getattr(self, "actors", []):
+            actor.kill()
 
     def __enter__(self) -> "RayPool":
         return self
@@ -450,5 +603,6 @@ class RayPool:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"RayPool(size={self.size}, backend={self.backend!r}, started={self.started}, "
-                f"replaced={self.replaced}, nodes={len(self.nodes)})")
+        return (f"RayPool(size={self.size}, backend={self.backend!r}, actors={len(self.actors)}, "
+                f"started={self.started}, replaced={self.replaced}, nodes={len(self.nodes)}, "
+                f"calls={self.sandbox_calls} in {self.actor_calls})")

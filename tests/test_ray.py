@@ -186,6 +186,8 @@ def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
     assert calibrate(policy, env, cal_config, executor=executor).to_dict() == \
         calibrate(policy, env, cal_config).to_dict()
     assert len(pools) == 2 and all(set(p.nodes) == set(cluster.alive()) for p in pools)  # both nodes
+    # one actor per node: the steps of a lane's episodes on one node went as one actor call
+    assert all(len(p.actors) == 2 and p.actor_calls < p.sandbox_calls for p in pools), pools
 
 
 def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_path):
