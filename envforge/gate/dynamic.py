@@ -696,6 +696,11 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {gathering.string!r} must need the "
                          "information the reads return.")
+    # the checks (reads that find no id a later call sends) must matter; with a capability
+    # about reading, whether to act must not be readable off the opening message
+    contrast += probes.checking_reads(host, solved, kinds, findings, stats)
+    if gathering:
+        probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
         if not lowered and n >= 2:
             findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
