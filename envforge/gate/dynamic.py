@@ -698,7 +698,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          "information the reads return.")
     # the checks (reads that find no id a later call sends) must matter; with a capability
     # about reading, whether to act must not be readable off the opening message
-    contrast += probes.checking_reads(host, solved, kinds, findings, stats)
+    contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
     if gathering:
         probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():

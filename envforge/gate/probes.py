@@ -277,10 +277,30 @@ def _other_record(value: str, episode) -> str:
     return _mutate(value)
 
 
-def checking_reads(host, solved: list, kinds: dict, findings, stats: dict) -> list:
-    """The reference's checks (reads that are not look-ups) must matter: removed, the score must
-    drop on some seed; sent for another record (or a changed id), the score must drop on some
-    seed. Returns the episodes that lowered the score (replayed after the many-resets probe)."""
+def _without(actions: list, names) -> list:
+    """The plan without its calls of the tools ``names`` (a message left empty is dropped)."""
+    plan = []
+    for a in actions:
+        keep = [c for c in a.get("tool_calls") or [] if c["function"]["name"] not in names]
+        if keep or (a.get("content") or "").strip():
+            plan.append({**a, "tool_calls": keep} if keep else assistant(a.get("content")))
+    return plan
+
+
+def _acts(actions: list, kinds: dict) -> bool:
+    """Whether a plan acts: makes a call that is neither a read nor a transfer to a human."""
+    return any(isinstance(a, dict) and isinstance(c, dict) and isinstance(c.get("function"), dict)
+               and kinds.get(c["function"].get("name")) not in ("read", "escalation")
+               for a in actions for c in (a.get("tool_calls") or [] if isinstance(a, dict) else []))
+
+
+def checking_reads(host, solved: list, kinds: dict, about_reading: bool, findings, stats: dict) -> list:
+    """The reference's checks (reads that are not look-ups) must matter: all removed, the score
+    must drop on some seed (for a capability about reading, or when the reference acts on some
+    seeds and declines on others: something decides, and the checks are where the agent can
+    learn it; a precision env may read and score only the write); a check whose removal drops
+    the score must also drop it when sent for another record (or a changed id), on some seed.
+    Returns the episodes that lowered the score (replayed after the many-resets probe)."""
     from envforge.gate.dynamic import _json_args, _with_call
 
     lookups = lookup_tools(solved, kinds)
@@ -291,18 +311,24 @@ def checking_reads(host, solved: list, kinds: dict, findings, stats: dict) -> li
         return []
     removed, contrast = [], []
     changed: dict[str, list] = {}  # check tool -> [(seed, lowered)]
-    for e in with_checks[:6]:
-        plan = []
-        for a in e.actions:
-            keep = [c for c in a.get("tool_calls") or [] if c["function"]["name"] not in checks]
-            if keep or (a.get("content") or "").strip():
-                plan.append({**a, "tool_calls": keep} if keep else assistant(a.get("content")))
-        ep = host.episode("a", e.seed, _scripted(plan), "checks removed")
+    sides = [_acts(e.actions, kinds) for e in solved]
+    judged = about_reading or min(sides.count(True), sides.count(False)) >= 2
+    for e in with_checks[:6] if judged else []:
+        ep = host.episode("a", e.seed, _scripted(_without(e.actions, checks)), "checks removed")
         removed.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
-    for e in with_checks:  # each check tool in turn, its string arguments naming another record
+    # each check tool in turn: when removing it lowers the score (it is credited), its string
+    # arguments naming another record must lower it too (a read credited whatever it reads)
+    tries: dict[str, int] = {}
+    for e in with_checks:
         for name in checks:
-            if len(changed.get(name, [])) >= 4 or any(low for _, low in changed.get(name, [])):
+            runs = changed.setdefault(name, [])
+            if (len(runs) >= 4 or tries.get(name, 0) >= 6 or any(low for _, low in runs)
+                    or not any(name in _reads(a, kinds) for a in e.actions)):
                 continue
+            tries[name] = tries.get(name, 0) + 1
+            ep = host.episode("a", e.seed, _scripted(_without(e.actions, [name])), f"{name} removed")
+            if ep.ok and ep.score >= e.score - 1e-6:
+                continue  # not credited: the all-checks probe above judges it
             plan = e.actions
             for i, a in enumerate(e.actions):
                 for j, call in enumerate(a.get("tool_calls") or []):
@@ -313,10 +339,10 @@ def checking_reads(host, solved: list, kinds: dict, findings, stats: dict) -> li
                             plan = _with_call(plan, i, j, tool_call(name, new, call.get("id", "call_0")))
             if plan is not e.actions:
                 ep = host.episode("a", e.seed, _scripted(plan), f"{name} of another record")
-                changed.setdefault(name, []).append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+                runs.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
                 if ep.ok and ep.score < e.score - 1e-6:
                     contrast.append(ep)
-    if not any(low for _, low in removed):
+    if removed and not any(low for _, low in removed):
         findings.add("free_reward", f"the reference without its checks ({', '.join(checks)}: reads that find "
                      f"no id a later call needs) still earns the full score ({len(removed)} seeds, e.g. seed "
                      f"{removed[0][0]}): what the checks return must matter to the reward, or the agent "
@@ -364,9 +390,7 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
     readable from the opening messages alone, or the reads decide nothing. Over 40 seeds or more
     (the reference's, then drawn ones: a reset and a solve each), the seeds where it acts and
     those where it does not must not be told apart by words only one side's openings use."""
-    samples = [(_opening_words(e.trace[0][0]), any(kinds.get(c["function"]["name"]) not in ("read", "escalation")
-                                                     for a in e.actions for c in a.get("tool_calls") or []))
-               for e in solved]
+    samples = [(_opening_words(e.trace[0][0]), _acts(e.actions, kinds)) for e in solved]
     if not any(_reads(a, kinds) for e in solved for a in e.actions):
         return
     rng = random.Random(draws.rng.randrange(2**63))
@@ -376,10 +400,7 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         plan = host.op(f"opening solve(seed={seed})", "solve", "a", seed)
         if not (isinstance(value, (list, tuple)) and value and isinstance(plan, list)):
             continue
-        acts = any(isinstance(a, dict) and isinstance(c, dict) and isinstance(c.get("function"), dict)
-                   and kinds.get(c["function"].get("name")) not in ("read", "escalation")
-                   for a in plan for c in (a.get("tool_calls") or [] if isinstance(a, dict) else []))
-        samples.append((_opening_words(value[0]), acts))
+        samples.append((_opening_words(value[0]), _acts(plan, kinds)))
     act = [w for w, a in samples if a]
     rest = [w for w, a in samples if not a]
     for group, other, what in ((act, rest, "acts"), (rest, act, "does not act")):
