@@ -63,16 +63,17 @@ def literals(source: str) -> list[str]:
 
 
 def extend_texts(draws, source: str, long_chars: int) -> None:
-    """Add to ``draws.texts`` markdown texts, one very long text (drawn from ``long_chars`` up to
-    eleven times that), and texts made of the env's own literals."""
+    """Add to ``draws.texts`` markdown texts, two very long texts (drawn from ``long_chars`` up to
+    eleven times that, and from six times up to eleven times: a buffer or a slow path just above
+    the first draw is still reached), and texts made of the env's own literals."""
     rng = draws.rng
     words = literals(source)
     draws.literals = words
     vocab = words[:] or ["ok"]
     for _ in range(6):
         draws.texts.append(markdown_text(rng, vocab, rng.choice((60, 300, 1500, long_chars))))
-    big = rng.randrange(long_chars, 11 * long_chars + 1)
-    draws.texts.append(markdown_text(rng, vocab, big))
+    for low in (long_chars, 6 * long_chars):  # the second one in the upper half: always tens of KB
+        draws.texts.append(markdown_text(rng, vocab, rng.randrange(low, 11 * long_chars + 1)))
     for _ in range(4):
         if words:
             draws.texts.append(" ".join(rng.sample(words, min(len(words), rng.randrange(1, 12)))))
