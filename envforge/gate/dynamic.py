@@ -816,14 +816,10 @@ def _with_call(actions: list, i: int, j: int, call: dict) -> list:
 
 def _without_reads(actions: list, kinds: dict) -> list | None:
     """The plan without its read calls (None when it makes none)."""
-    out, removed = [], False
-    for a in actions:
-        calls = a.get("tool_calls") or []
-        keep = [c for c in calls if kinds.get(c["function"]["name"]) != "read"]
-        removed |= len(keep) < len(calls)
-        if keep or (a.get("content") or "").strip():
-            out.append({**a, "tool_calls": keep} if keep else {"role": "assistant", "content": a.get("content")})
-    return out if removed and out else None
+    reads = {c["function"]["name"] for a in actions for c in a.get("tool_calls") or []
+             if kinds.get(c["function"]["name"]) == "read"}
+    plan = probes.without_calls(actions, reads)
+    return plan if reads and plan else None
 
 
 def _properties(by_name: dict, name: str) -> dict:

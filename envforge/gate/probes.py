@@ -11,7 +11,10 @@ team found in the gate (tests/redteam_unseen, issue 15), closed in general, not 
   arguments at extreme values (a hang or a blow-up only a valid id reaches);
 - malformed actions and chatter, replayed in the second process like the reference;
 - the reference and perturbed episodes replayed after the many-resets probe (drift in step
-  rewards, not only in reset).
+  rewards, not only in reset);
+- reads that decide: the reference's checks (reads that find no id a later call sends) removed,
+  or sent for another record, must lower the score; for a capability about reading, whether
+  the reference acts must not be readable off the opening message.
 
 ``dynamic.py`` calls these from its stage; every finding goes through its ``Findings``.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
 from typing import Any
 
 from envforge.contract import assistant, tool_call
@@ -266,8 +270,6 @@ def _other_record(value: str, episode) -> str:
     """Another value of the shape of ``value`` (letters, digits, punctuation in the same places,
     the same prefix) that the episode's observations show: another real record's id, else a
     changed one."""
-    import re
-
     from envforge.gate.dynamic import _mutate
 
     text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
@@ -278,7 +280,7 @@ def _other_record(value: str, episode) -> str:
     return _mutate(value)
 
 
-def _without(actions: list, names) -> list:
+def without_calls(actions: list, names) -> list:
     """The plan without its calls of the tools ``names`` (a message left empty is dropped)."""
     plan = []
     for a in actions:
@@ -315,7 +317,7 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
     sides = [_acts(e.actions, kinds) for e in solved]
     judged = about_reading or min(sides.count(True), sides.count(False)) >= 2
     for e in with_checks[:6] if judged else []:
-        ep = host.episode("a", e.seed, _scripted(_without(e.actions, checks)), "checks removed")
+        ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, checks)), "checks removed")
         removed.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
     # each check tool in turn: when removing it lowers the score (it is credited), its string
     # arguments naming another record must lower it too (a read credited whatever it reads)
@@ -327,7 +329,7 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
                     or not any(name in _reads(a, kinds) for a in e.actions)):
                 continue
             tries[name] = tries.get(name, 0) + 1
-            ep = host.episode("a", e.seed, _scripted(_without(e.actions, [name])), f"{name} removed")
+            ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, [name])), f"{name} removed")
             if ep.ok and ep.score >= e.score - 1e-6:
                 continue  # not credited: the all-checks probe above judges it
             plan = e.actions
@@ -357,8 +359,6 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
 
 
 def _opening_words(obs: Any) -> set[str]:
-    import re
-
     messages = obs.get("messages") if isinstance(obs, dict) else None
     text = " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict) and m.get("role") != "system")
     return set(re.findall(r"[a-z]{3,}", text.lower()))
