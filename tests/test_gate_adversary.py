@@ -174,6 +174,21 @@ def test_markdown_texts_have_newlines_blank_lines_and_long_runs():
     assert any(run * 20 in t for t in texts for run in "-=*_#~.")
 
 
+@pytest.mark.parametrize("probe_seed", [4802840532486765974, 1, 2, 3])
+def test_every_audit_sends_a_text_of_tens_of_kb(probe_seed):
+    """Two long texts are drawn: one anywhere from long_text_chars to eleven times that, one from
+    six times up (with the first seed, the audit of the red team's r_long_buffer drew its one
+    long text at long_text_chars, under the env's 8 KiB buffer, and accepted it)."""
+    from envforge.gate.dynamic import Draws
+    from envforge.gate.probes import extend_texts
+
+    settings = GateSettings(probe_seed=probe_seed)
+    draws = Draws(probe_seed, settings)
+    extend_texts(draws, 'X = "some words"\n', settings.long_text_chars)
+    longest = max(len(t) for t in draws.texts)
+    assert 6 * settings.long_text_chars <= longest <= 11 * settings.long_text_chars
+
+
 def test_literals_are_the_envs_own_short_words():
     words = literals('X = "all good"\ndef f():\n    return {"k": "v1"}, "a\\nb", "' + "y" * 80 + '"\n')
     assert "all good" in words and "v1" in words and "k" in words
