@@ -175,18 +175,22 @@ def test_markdown_texts_have_newlines_blank_lines_and_long_runs():
 
 
 @pytest.mark.parametrize("probe_seed", [4802840532486765974, 1, 2, 3])
-def test_every_audit_sends_a_text_of_tens_of_kb(probe_seed):
-    """Two long texts are drawn: one anywhere from long_text_chars to eleven times that, one from
-    six times up (with the first seed, the audit of the red team's r_long_buffer drew its one
-    long text at long_text_chars, under the env's 8 KiB buffer, and accepted it)."""
+def test_every_audit_says_a_text_of_tens_of_kb(probe_seed):
+    """Besides the drawn texts (whose longest is drawn from long_text_chars up: with the first
+    seed, the audit of the red team's r_long_buffer drew it at long_text_chars, under the env's
+    8 KiB buffer, and accepted it), one episode says a text of six to eleven times that; its
+    draws leave the others as they were."""
     from envforge.gate.dynamic import Draws
-    from envforge.gate.probes import extend_texts
+    from envforge.gate.probes import extend_texts, long_text
 
     settings = GateSettings(probe_seed=probe_seed)
     draws = Draws(probe_seed, settings)
+    before = draws.rng.getstate()
+    seed, text = long_text(draws, settings.long_text_chars)
+    assert draws.rng.getstate() == before and seed in draws.seeds
+    assert 6 * settings.long_text_chars <= len(text) <= 11 * settings.long_text_chars
     extend_texts(draws, 'X = "some words"\n', settings.long_text_chars)
-    longest = max(len(t) for t in draws.texts)
-    assert 6 * settings.long_text_chars <= longest <= 11 * settings.long_text_chars
+    assert long_text(draws, settings.long_text_chars)[0] == seed
 
 
 def test_literals_are_the_envs_own_short_words():

@@ -475,8 +475,9 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     idle = [host.episode("a", s, draws.talker(s), "do-nothing") for s in seeds]
     rand = _hypothesis_run(findings, "random episodes", lambda: _random_episodes(host, tools, len(seeds), draws)) or []
 
-    say("own words, several calls a message")
+    say("own words, a text of tens of KB, several calls a message")
     probes.own_words(host, draws, findings, stats)
+    probes.long_talk(host, draws, settings.long_text_chars)
     probes.parallel_reference(host, solved, draws)
 
     say("robustness (hypothesis)")

@@ -67,20 +67,36 @@ def literals(source: str) -> list[str]:
 
 
 def extend_texts(draws, source: str, long_chars: int) -> None:
-    """Add to ``draws.texts`` markdown texts, two very long texts (drawn from ``long_chars`` up to
-    eleven times that, and from six times up to eleven times: a buffer or a slow path just above
-    the first draw is still reached), and texts made of the env's own literals."""
+    """Add to ``draws.texts`` markdown texts, one very long text (drawn from ``long_chars`` up to
+    eleven times that), and texts made of the env's own literals."""
     rng = draws.rng
     words = literals(source)
     draws.literals = words
     vocab = words[:] or ["ok"]
     for _ in range(6):
         draws.texts.append(markdown_text(rng, vocab, rng.choice((60, 300, 1500, long_chars))))
-    for low in (long_chars, 6 * long_chars):  # the second one in the upper half: always tens of KB
-        draws.texts.append(markdown_text(rng, vocab, rng.randrange(low, 11 * long_chars + 1)))
+    big = rng.randrange(long_chars, 11 * long_chars + 1)
+    draws.texts.append(markdown_text(rng, vocab, big))
     for _ in range(4):
         if words:
             draws.texts.append(" ".join(rng.sample(words, min(len(words), rng.randrange(1, 12)))))
+
+
+def long_text(draws, long_chars: int) -> tuple[int, str]:
+    """A seed and a markdown text of six to eleven times ``long_chars``, drawn from a generator
+    of their own (seeded from the probe seed), so that every other draw stays as it was."""
+    rng = random.Random(f"long text {draws.probe_seed}")
+    size = rng.randrange(6 * long_chars, 11 * long_chars + 1)
+    return rng.choice(draws.seeds), markdown_text(rng, list(getattr(draws, "literals", [])) or ["ok"], size)
+
+
+def long_talk(host, draws, long_chars: int) -> None:
+    """One episode that says a text of tens of KB every turn: the drawn texts' longest is drawn
+    from ``long_chars`` up, so one audit in many sends nothing above a buffer or a slow path a
+    little over ``long_chars``; this one always does. ``Host.episode`` turns a crash or a hang
+    into a finding."""
+    seed, text = long_text(draws, long_chars)
+    host.episode("a", seed, lambda t, m: assistant(text), "a text of tens of KB")
 
 
 def own_words(host, draws, findings, stats: dict) -> None:
