@@ -19,6 +19,7 @@ import dataclasses
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,13 @@ from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
 from envforge.errors import ConfigError, EnvforgeError, SandboxUnavailable, UsageError
-from envforge.gate import audit as run_audit, resolve_env
 from envforge.gate.config import GateSettings
-from envforge.identify import report as identify_report
 from envforge.progress import Step
 from envforge.settings import default_of, field_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
-from sandbox.docker import DockerBackend, build_image
 from trainers.calibrate import CalibrationConfig
 from trainers.evaluate import EvalConfig, parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
@@ -180,6 +178,7 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
 
     Exit 0 when every env is accepted, 1 when any is rejected, 2 on usage errors.
     """
+    from envforge.gate import audit as run_audit, resolve_env
     gate = settings(GateSettings, kwargs, limits=settings(Limits, kwargs))
     for p in paths:  # fail fast on usage errors before any long work
         resolve_env(p)
@@ -197,18 +196,26 @@ def audit(paths, target, static_only, backend, no_report, as_json, **kwargs):
 
 
 class Display:
-    """Shows a stage's progress steps (``envforge.progress``) on stderr: a spinner with the
-    latest line per item, and a bar when steps count finished items. Nothing when quiet or when
-    stderr is not a terminal. Thread-safe: batch stages report from several threads."""
+    """Shows a stage's progress steps (``envforge.progress``) on stderr, the same way for every
+    stage. On a terminal: a spinner with the latest line per item and a bar of finished items
+    with its ETA, gone when the stage ends. A step that carries a record (a training
+    iteration's statistics) stays as a line; off a terminal (a pipe, a log) so do the steps that
+    count finished items, at most one every ``EVERY_S`` seconds, and the last. Lines read
+    ``[done/total] item: text  ETA 12s``. Nothing when quiet. Thread-safe: batch stages report
+    from several threads."""
+
+    EVERY_S = 2.0
 
     def __init__(self, title: str, quiet: bool = False):
-        self.bar, self.lock, self.lines = None, threading.Lock(), {}
+        self.quiet, self.bar, self.lock, self.lines = quiet, None, threading.Lock(), {}
+        self.count: tuple | None = None  # (total, done at its start, its start, last done)
+        self.printed, self.mark = float("-inf"), time.monotonic()
         if not quiet and sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                                       TextColumn, TimeElapsedColumn)
+                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                                 console=Console(stderr=True), transient=True)
             self.main = self.bar.add_task(title, total=None)
 
@@ -218,23 +225,48 @@ class Display:
         return self
 
     def __call__(self, step: Step) -> None:
-        if not self.bar:
+        if self.quiet:
             return
         with self.lock:
-            if step.item is None:
-                self.bar.update(self.main, description=step.text)
-            elif step.done is not None:  # an item finished
-                self.bar.update(self.main, completed=step.done, total=step.total)
-                line = self.lines.pop(step.item, None)
-                if line is not None:
-                    self.bar.remove_task(line)
-            else:
-                if step.item not in self.lines:
-                    self.lines[step.item] = self.bar.add_task("", total=None)
-                self.bar.update(self.lines[step.item], description=f"  {step}")
+            now = time.monotonic()
+            eta = self._count(step, now)
+            if step.record is not None or (self.bar is None and step.done is not None and (
+                    step.done == step.total or now - self.printed >= self.EVERY_S)):
+                self.printed = now
+                line = (f"[{step.done}/{step.total}] " if step.done is not None else "") + str(step)
+                line += f"  ETA {eta:.0f}s" if eta is not None else ""
+                (self.bar.console.print if self.bar else lambda t, **_: click.echo(t, err=True))(
+                    line, highlight=False, markup=False)
+            if self.bar:
+                self._draw(step)
 
-    def say(self, text: str) -> None:
-        self(Step(text))
+    def _count(self, step: Step, now: float) -> float | None:
+        """The ETA of the count STEP belongs to, from the pace since the count began: a count
+        whose first step finishes its first item began when the one before it ended (or the
+        display started); one whose first step is further on (a resumed run, or a first wave of
+        several episodes) begins at that step, so its ETA comes from its next step on. A count
+        begins afresh when its total changes or its done goes down (a stage's next phase)."""
+        if step.done is None or not step.total:
+            return None
+        if self.count is None or self.count[0] != step.total or step.done < self.count[3]:
+            first, t0 = (0, self.mark) if step.done <= 1 else (step.done, now)
+            self.count = (step.total, first, t0, step.done)
+        total, first, t0, _ = self.count
+        self.count, self.mark = (total, first, t0, step.done), now
+        return (now - t0) / (step.done - first) * (total - step.done) if step.done > first else None
+
+    def _draw(self, step: Step) -> None:
+        if step.done is not None:  # an item finished
+            self.bar.update(self.main, completed=step.done, total=step.total)
+            line = self.lines.pop(step.item, None)
+            if line is not None:
+                self.bar.remove_task(line)
+        if step.item is None and step.record is None:  # a record is printed as a line
+            self.bar.update(self.main, description=step.text)
+        elif step.done is None:
+            if step.item not in self.lines:
+                self.lines[step.item] = self.bar.add_task("", total=None)
+            self.bar.update(self.lines[step.item], description=f"  {step}")
 
     def __exit__(self, *exc) -> None:
         if self.bar:
@@ -281,8 +313,9 @@ def sandbox_group() -> None:
               "Dockerfile's python:3.12-slim, which needs a registry; see sandbox/Dockerfile).")
 def sandbox_build(base):
     """Build the Docker sandbox image from sandbox/Dockerfile (exit 1 when the build fails)."""
+    from sandbox.docker import build_image
     with Display("building the sandbox image") as display:
-        tag = build_image(base=base, progress=display.say)
+        tag = build_image(base=base, progress=display)
     click.echo(f"built {tag} (also tagged envforge-sandbox:latest)")
 
 
@@ -329,6 +362,7 @@ def sandbox_doctor(as_json, clean):
 def _clean_strays() -> list[dict]:
     """Remove the Docker engine's stray sandbox containers; what was found (none without an
     engine: said on stderr)."""
+    from sandbox.docker import DockerBackend
     try:
         return DockerBackend().clean()
     except SandboxUnavailable as e:
@@ -374,14 +408,15 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
     """
     from envforge.identify import report
 
-    config = settings(ident.IdentifyConfig, kwargs, progress=not as_json and sys.stderr.isatty())
+    config = settings(ident.IdentifyConfig, kwargs)
     if config.labeller != "structural" and not config.model:
-        raise click.UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
+        raise UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
                                "serves)")
     tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
-    result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
-                            policy=tgt.policy if tgt else None)
+    with Display("identifying", quiet=as_json) as display:
+        result = ident.identify(trajectories, config, meta=tgt.meta if tgt else None,
+                                policy=tgt.policy if tgt else None, progress=display)
     result.write(out)
     if labels_out:
         result.write_labels(labels_out)
@@ -389,7 +424,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = identify_report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -397,7 +432,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         emit_json(result.to_dict())
         return
     con = console()
-    con.print(identify_report.table(result))
+    con.print(report.table(result))
     con.print(f"kept {len(result.retained)}: {', '.join(result.retained) or 'none'}; wrote {out}"
               + (f", {labels_out}" if labels_out else "") + (f" and {drawn}" if drawn else ""),
               highlight=False)
@@ -581,25 +616,14 @@ def train(envs, model, out_dir, no_resume, **kwargs):
         out_folder(Path(out_dir) / slug, "--out")
     set_threads(config.threads)
 
-    spent: list[float] = []
-
-    def show(s):
-        spent.append(s.seconds)
-        eta = sum(spent) / len(spent) * (config.iterations - s.iteration)
-        click.echo(f"  iter {s.iteration:3d}/{config.iterations}  reward {s.reward_mean:.3f} ± {s.reward_std:.3f}  "
-                   f"constant groups {s.constant_fraction:.0%}  trained {s.groups_trained}/{s.groups_collected}  "
-                   f"{s.tokens_per_s:,.0f} tok/s  loss {s.loss:+.4f}  {s.seconds:.1f}s (generate "
-                   f"{s.generate_s:.1f}s, env wait {s.env_wait_s:.1f}s, loss {s.loss_s:.1f}s)  "
-                   f"ETA {eta:.0f}s" + (f"  errors {s.errors}" if s.errors else ""))
     for env, slug in zip(envs, slugs):
         out = Path(out_dir) / slug
-        click.echo(f"train {slug} -> {out}")
-        spent.clear()
-        trainer = GRPOTrainer(load_policy(_model(model), device=config.device), env, config, out=out,
-                              base_model=model, resume=not no_resume, progress=show,
-                              on_resume=lambda i: click.echo(f"  resumed at iteration {i}"))
+        click.echo(f"train {slug} -> {out} ({config.iterations} iterations)")
+        policy = load_policy(_model(model), device=config.device)
         try:
-            result = trainer.train()
+            with Display(f"training {slug}") as display:
+                result = GRPOTrainer(policy, env, config, out=out, base_model=model,
+                                     resume=not no_resume, progress=display).train()
         except KeyboardInterrupt:
             click.echo(_interrupted(out / CHECKPOINT), err=True)
             sys.exit(130)
@@ -637,7 +661,9 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
     from trainers.calibrate import calibrate as run
     from trainers.policy import load_policy, set_threads
     set_threads(threads)
-    result = run(load_policy(_model(model), adapter=_adapter(adapter)), env, config)
+    policy = load_policy(_model(model), adapter=_adapter(adapter))
+    with Display(f"calibrating {env}", quiet=as_json) as display:
+        result = run(policy, env, config, progress=display)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -667,7 +693,7 @@ def route(model, adapters, tasks, tasks_file, threads, **kwargs):
     from trainers.router import Router
     set_threads(threads)
     router = Router.load(_model(model), adapters, examples=config.examples)
-    emit_json([router.route(t) for t in texts])
+    emit_json([router.route(t).to_dict() for t in texts])
 
 
 @main.command("eval")
@@ -707,7 +733,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
         policy = RoutedPolicy.load(_model(model), adapters, examples=config.examples)
     else:
         policy = load_policy(_model(model), adapter=adapter)
-    result = evaluate(policy, tasks, config)
+    with Display("evaluating", quiet=as_json) as display:
+        result = evaluate(policy, tasks, config, progress=display)
     if as_json:
         emit_json(result.to_dict())
         return

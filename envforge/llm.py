@@ -14,7 +14,7 @@ server), shared by the LLM stages (the LLM labeller of ``identify``, the synthes
   cache entry too, so a cached re-run still knows what the answer cost) and whether it was cached.
 - :meth:`LLMClient.chat_json`: a JSON reply checked against a JSON Schema; a reply that is not
   JSON or breaks the schema is answered with the problem and asked again (a bounded number of
-  times). :func:`run_concurrently` maps calls over a thread pool with a progress bar.
+  times). :func:`run_concurrently` maps calls over a thread pool, reporting progress.
 
 The ``openai`` SDK is imported when the first client is made, never at ``import envforge``.
 """
@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from envforge.contract import canonical_json
 from envforge.errors import EnvforgeError, UsageError
+from envforge.progress import Progress, Step
 
 PLACEHOLDER_KEY = "EMPTY"  # what local OpenAI-compatible servers accept when they check no key
 RETRY_STATUSES = (408, 409, 429)  # and every 5xx
@@ -314,29 +315,21 @@ def schema_problem(value: Any, schema: dict) -> str | None:
 
 
 def run_concurrently(fn: Callable[[Any], Any], items: Sequence, concurrency: int,
-                     progress: str | None = None) -> list:
+                     progress: Progress | None = None, text: str = "") -> list:
     """``fn`` over ``items`` on ``concurrency`` threads; results in the order of ``items``. The
     first exception cancels the calls not yet started, waits for those in flight (their answers
-    are cached) and is raised. ``progress``: a label for a rich progress bar on stderr."""
+    are cached) and is raised. ``progress`` gets ``Step(text, done=k, total=len(items))`` as
+    each call finishes."""
     results: list = [None] * len(items)
-    bar = task = None
-    if progress and items:
-        from rich.console import Console
-        from rich.progress import Progress
-        bar = Progress(console=Console(stderr=True), transient=True)
-        task = bar.add_task(progress, total=len(items))
-        bar.start()
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     try:
         futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-        for fut in as_completed(futures):
+        for done, fut in enumerate(as_completed(futures), 1):
             results[futures[fut]] = fut.result()
-            if bar is not None:
-                bar.advance(task)
+            if progress is not None:
+                progress(Step(text, None, done, len(items)))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        if bar is not None:
-            bar.stop()
     return results
 
 

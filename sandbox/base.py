@@ -442,14 +442,14 @@ def diagnose(probe: bool = True) -> list[dict]:
     fix. With ``probe``, each backend that works also gets "containment": what holds env code
     there, seen from inside a sandbox (``containment``), facts and words."""
     from sandbox.docker import DockerBackend
-    from sandbox.process import LAYERS, ProcessBackend, _seccomp_probe, shared_memory_works
+    from sandbox.process import LAYERS, ProcessBackend, seccomp_probe, shared_memory_works
 
     rows = []
     for layer in LAYERS:
         backend = ProcessBackend(isolation=layer)
         ok, why = backend.available()
         rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why, "run": backend})
-    sec_ok, sec_why = _seccomp_probe()
+    sec_ok, sec_why = seccomp_probe()
     rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
     rows.append({"backend": "process/channel", "ok": True, "detail": shared_memory_works()[1]})
     backend = DockerBackend()

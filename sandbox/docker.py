@@ -79,11 +79,11 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Callable
 
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
+from envforge.progress import Progress, reporter
 from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, cpu_per_call,
                           poll_spinning, signal_name, write_all)
 
@@ -200,12 +200,13 @@ def client(timeout: float = 30.0):
 
 
 def build_image(base: str | None = None, tag: str | None = None,
-                progress: Callable[[str], None] | None = None) -> str:
+                progress: Progress | None = None) -> str:
     """Build the sandbox image from sandbox/Dockerfile; returns its tag (by default
     ``image_tag()``, then also tagged ``latest``).
 
     ``base`` overrides the Dockerfile's ``ARG BASE`` (default python:3.12-slim, which needs a
     registry). The build context is only the Dockerfile and runner.py; RUN steps get no network.
+    ``progress`` gets a ``Step`` (``envforge.progress``) per line of the build's log.
     """
     docker = _sdk()
     c = client(timeout=600)
@@ -215,7 +216,7 @@ def build_image(base: str | None = None, tag: str | None = None,
         for name in _context():
             tar.add(HERE / name, arcname=name)
     context.seek(0)
-    say = progress or (lambda s: None)
+    say = reporter(progress)
     try:
         image, logs = c.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
                                      forcerm=True, network_mode="none",

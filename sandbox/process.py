@@ -431,7 +431,7 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
 
 
 @functools.cache
-def _seccomp_probe() -> tuple[bool, str]:
+def seccomp_probe() -> tuple[bool, str]:
     try:
         import pyseccomp  # noqa: F401  (loads libseccomp)
     except Exception as e:  # ImportError, or RuntimeError when libseccomp is missing
@@ -512,7 +512,7 @@ class ProcessBackend(Backend):
             what = f"no namespaces ({'; '.join(reasons)})"
         elif layer == "none":
             what = "no namespaces (isolation='none')"
-        sec_on, sec_what = _seccomp_probe() if self.seccomp else (False, "no seccomp (turned off)")
+        sec_on, sec_what = seccomp_probe() if self.seccomp else (False, "no seccomp (turned off)")
         return layer, prefix, what, sec_on, sec_what
 
     def isolation_layers(self) -> list[str]:

@@ -17,7 +17,7 @@ from tests.envfactory import GOOD_DIR  # noqa: E402
 from trainers.calibrate import report  # noqa: E402
 from trainers.evaluate import parse_seeds, read_task_texts, read_tasks, route_seeds  # noqa: E402
 from trainers.rollout import Episode, mean_ci  # noqa: E402
-from trainers.router import find_adapters, routing_messages  # noqa: E402
+from trainers.router import Route, find_adapters, routing_messages  # noqa: E402
 
 
 def eps(scores):
@@ -51,10 +51,11 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     r = run(main, ["train", str(env), "--out", str(tmp_path / "adapters"), "--iterations", "2",
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0, r.output
-    assert "iter   2/2" in r.output and "tok/s" in r.output and "constant groups" in r.output
-    # where the time went, and how long the rest will take
-    lines = [line for line in r.output.splitlines() if line.strip().startswith("iter")]
-    assert all("(generate " in line and "env wait " in line and "ETA " in line for line in lines), lines
+    # a line per iteration (stderr): its reward, speed, where the time went, and the ETA
+    lines = [line for line in r.stderr.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in lines] == ["[1/2", "[2/2"], r.output
+    assert all("reward " in line and "tok/s" in line and "constant groups" in line and "(generate "
+               in line and "env wait " in line and "ETA " in line for line in lines), lines
     assert lines[-1].rstrip().endswith("ETA 0s")
     out = tmp_path / "adapters" / GOOD_DIR.name
     manifest = json.loads((out / "manifest.json").read_text())
@@ -65,7 +66,7 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     # a second run resumes from the checkpoint: nothing left to do
     r = run(main, ["train", str(env), "--out", str(tmp_path / "adapters"), "--iterations", "2",
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
-    assert r.exit_code == 0 and "resumed at iteration 2" in r.output, r.output
+    assert r.exit_code == 0 and "[2/2] resumed at iteration 2" in r.stderr, r.output
 
     r = run(main, ["calibrate", str(GOOD_DIR), "--groups", "1", "--group-size", "2", "--json"] + args)
     assert r.exit_code == 1, r.output  # a random model scores 0: not calibrated, and says so
@@ -143,7 +144,7 @@ def test_routing_resets_one_env_and_routes_a_failed_reset_to_none():
     class Router:
         def route(self, task):
             seen.append(task)
-            return {"choice": "a", "probabilities": {"none": 0.1, "a": 0.9}}
+            return Route(task, "a", "1", {"none": 0.1, "a": 0.9})
 
     class Policy:
         router = Router()
@@ -171,8 +172,8 @@ def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(he
     p = subprocess.Popen(args + ["--iterations", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env, cwd=tmp_path)
     try:
-        for line in p.stdout:
-            if line.startswith("  iter   2/"):
+        for line in p.stderr:  # progress lines: [done/total] ...
+            if line.startswith("[2/200] "):
                 break
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=120)
@@ -187,4 +188,23 @@ def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(he
     assert "Traceback" not in err
     r = subprocess.run(args + ["--iterations", str(done + 1)], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
-    assert r.returncode == 0 and f"resumed at iteration {done}" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and f"resumed at iteration {done}" in r.stderr, r.stdout + r.stderr
+
+
+def test_calibrate_and_evaluate_count_their_episodes_as_steps(hermes_dir):
+    """The progress protocol (envforge.progress): a counted Step as each wave of episodes ends;
+    evaluate's count runs on across the envs and routes of its tasks."""
+    from trainers.calibrate import CalibrationConfig, calibrate
+    from trainers.evaluate import EvalConfig, evaluate
+    from trainers.policy import load_policy
+    policy = load_policy(hermes_dir)
+    steps = []
+    calibrate(policy, GOOD_DIR, CalibrationConfig(groups=1, group_size=2, pool_size=1,
+                                                  max_new_tokens=4, backend="process"),
+              progress=steps.append)
+    assert [(s.text, s.done, s.total) for s in steps] == [("episodes", 1, 2), ("episodes", 2, 2)]
+    steps.clear()
+    tasks = [{"env": str(GOOD_DIR), "seed": s} for s in range(3)]
+    result = evaluate(policy, tasks, EvalConfig(pool_size=2, max_new_tokens=4, backend="process"),
+                      progress=steps.append)
+    assert [(s.done, s.total) for s in steps] == [(2, 3), (3, 3)] and result.overall["n"] == 3

@@ -129,19 +129,27 @@ def test_mean_reward_rises_on_a_learnable_env(hermes_dir, env_dir, tmp_path):
 def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
     _, straight = _train(hermes_dir, env_dir, tmp_path / "a", 4)
 
-    def crash(stats):
-        if stats.iteration == 2:
+    steps = []
+
+    def crash(step):  # the progress protocol: a Step per iteration, its statistics as its record
+        steps.append(step)
+        if step.done == 2:
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         _train(hermes_dir, env_dir, tmp_path / "b", 4, progress=crash)
     assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["iteration"] == 2
+    assert [(s.done, s.total, s.record.iteration) for s in steps] == [(1, 4, 1), (2, 4, 2)]
+    assert str(steps[0]).startswith(f"reward {steps[0].record.reward_mean:.3f}")
     _, resumed = _train(hermes_dir, env_dir, tmp_path / "b", 4)
     assert [h["reward_mean"] for h in resumed.history] == [h["reward_mean"] for h in straight.history]
     from safetensors.torch import load_file
     a, b = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # resuming a finished run without on_resume keeps the checkpoint it loaded
-    _, again = _train(hermes_dir, env_dir, tmp_path / "a", 4)
+    # resuming a finished run keeps the checkpoint it loaded, and says where it resumed
+    resumed_steps = []
+    _, again = _train(hermes_dir, env_dir, tmp_path / "a", 4, progress=resumed_steps.append)
+    assert [(s.text, s.done, s.total, s.record) for s in resumed_steps] == [
+        ("resumed at iteration 4", 4, 4, None)]
     assert len(again.history) == 4 and (tmp_path / "a" / "checkpoint" / "state.json").is_file()
 
 

@@ -16,8 +16,9 @@ from envforge.contract import tool_call
 from envforge.errors import UsageError
 from envforge.identify import (LACKING, NA, PRESENT, STRUCTURAL_RULES, Capability, Identification,
                                IdentifyConfig, capability_stats, identify, is_retained,
-                               label_structural, merge_candidates, run_statistics, tool_kind, view)
+                               label_structural, merge_candidates, run_statistics, view)
 from envforge.identify.rules import write_pairs
+from envforge.tools import tool_kind
 from envforge.trajectories import Trajectory, write_jsonl
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "trajectories"

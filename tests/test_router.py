@@ -56,13 +56,15 @@ def test_router_picks_the_preferred_label(hermes_dir, tmp_path, label, choice):
     router = Router.load(base, tmp_path / "adapters")
     for task in TASKS:
         d = router.route(task)
-        assert d["choice"] == choice and d["label"] == label
-        assert set(d["probabilities"]) == {NONE, "a_orders", "b_checks"}
-        assert sum(d["probabilities"].values()) == pytest.approx(1.0)
-        assert max(d["probabilities"], key=d["probabilities"].get) == choice
+        assert d.choice == choice and d.label == label and d.task == task
+        assert set(d.probabilities) == {NONE, "a_orders", "b_checks"}
+        assert sum(d.probabilities.values()) == pytest.approx(1.0)
+        assert max(d.probabilities, key=d.probabilities.get) == choice
+        assert json.loads(json.dumps(d.to_dict())) == {"task": task, "choice": choice,
+                                                      "label": label, "probabilities": d.probabilities}
 
     routed = RoutedPolicy.load(base, tmp_path / "adapters")
-    assert routed.begin(TASKS[0])["choice"] == choice  # routing sees the base model, adapters off
+    assert routed.begin(TASKS[0]).choice == choice  # routing sees the base model, adapters off
     ids = routed.encode(routed.render([{"role": "user", "content": "hi"}], add_generation_prompt=True))
     torch.manual_seed(0)
     out = routed.generate([ids], max_new_tokens=4)

@@ -1,6 +1,6 @@
 """`envforge synth` as a user runs it (template path): the files it writes, the command's exit
 codes and messages, never overwriting an accepted env, the --from batch, and the orchestration
-helpers (envforge/synth/__init__.py). The LLM path: tests/test_synth_llm.py; the template
+helpers (envforge/synth/synthesizer.py). The LLM path: tests/test_synth_llm.py; the template
 synthesizer itself and the family x target matrix: tests/test_synth_templates.py."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from envforge.cli import main
 from envforge.errors import UsageError
-from envforge.synth import (FAMILIES, CapabilitySpec, SynthConfig, existing_env, family_list,
-                            load_capabilities, resolve_synthesizer, sha256, slug_for, synthesize)
+from envforge.synth import (FAMILIES, CapabilitySpec, SynthConfig, family_list, load_capabilities,
+                            resolve_synthesizer, slug_for, synthesize)
+from envforge.synth.synthesizer import existing_env, sha256
 from envforge.targets import load_target
 from envforge.trajectories import Trajectory
 from tests.conftest import REPO, SHARED, TARGETS, needs_shared
@@ -344,7 +345,7 @@ def test_identify_then_synth_from_works_offline(tmp_path, out):
 def test_the_gate_probes_of_synth_come_from_a_secret_of_the_output_folder(tmp_path, monkeypatch):
     """The same code gets the same audit on a re-run (the LLM cache answers its repair request),
     yet env code cannot predict the draws: a quine can hash its own source, not this secret."""
-    from envforge.synth import probe_secret
+    from envforge.synth.synthesizer import probe_secret
     monkeypatch.delenv("ENVFORGE_PROBE_SECRET")
     a = probe_secret(tmp_path / "a")
     assert len(a) == 16 and probe_secret(tmp_path / "a") == a

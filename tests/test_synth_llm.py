@@ -10,7 +10,8 @@ import time
 import pytest
 
 from envforge.llm import LLMClient
-from envforge.synth import CapabilitySpec, SynthConfig, sha256, synthesize, synthesize_batch
+from envforge.synth import CapabilitySpec, SynthConfig, synthesize, synthesize_batch
+from envforge.synth.synthesizer import sha256
 from envforge.synth.llm import contract_text, extract_code, prompt_messages, repair_message
 from envforge.synth.templates import synthesize_template
 from envforge.targets import load_target

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from envforge.progress import Progress
 from envforge.settings import Settings, setting
 from sandbox.base import BACKENDS
 from trainers.rollout import SUCCESS, EnvFactory, is_constant, run_episodes
@@ -50,7 +51,9 @@ class Calibration:
 
 
 def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
-              unsafe_skip_gate: bool = False) -> Calibration:
+              unsafe_skip_gate: bool = False, progress: Progress | None = None) -> Calibration:
+    """The base policy's rollouts on ``env`` against the targets. ``progress`` gets a counted
+    ``Step`` (``envforge.progress``) as each wave of episodes ends."""
     import torch
     c = config or CalibrationConfig()
     torch.manual_seed(c.seed)
@@ -58,7 +61,7 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
     with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
                     call_timeout_s=c.call_timeout_s) as factory:
         episodes = run_episodes(policy, factory, seeds, max_new_tokens=c.max_new_tokens,
-                                temperature=c.temperature)
+                                temperature=c.temperature, progress=progress)
         env_hash = factory.env_hash
     return report(episodes, c.group_size, env=str(env), env_hash=env_hash)
 

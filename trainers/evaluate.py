@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from envforge.errors import EnvforgeError, InputError, UsageError
+from envforge.progress import Progress, Step
 from envforge.settings import Settings, setting
 from envforge.trajectories import first_user_text
 from sandbox.base import BACKENDS
@@ -118,8 +119,11 @@ class EvalConfig(Settings):
 
 
 def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
-             unsafe_skip_gate: bool = False, **settings: Any) -> Evaluation:
-    """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments."""
+             unsafe_skip_gate: bool = False, progress: Progress | None = None,
+             **settings: Any) -> Evaluation:
+    """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments.
+    ``progress`` gets a counted ``Step`` (``envforge.progress``) of the tasks played so far as
+    each wave of episodes ends."""
     import torch
     from trainers.router import RoutedPolicy
     c = config or EvalConfig(**settings)
@@ -136,8 +140,12 @@ def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
                 if choice:
                     policy.use(choice)
                 torch.manual_seed(c.seed)
+
+                def counted(step: Step, played: int = len(episodes)) -> None:  # across buckets
+                    progress(Step(step.text, None, played + step.done, len(tasks)))
                 for ep in run_episodes(policy, factory, bucket, max_new_tokens=c.max_new_tokens,
-                                       temperature=c.temperature):
+                                       temperature=c.temperature,
+                                       progress=counted if progress else None):
                     episodes.append({"env": env, "choice": choice or None, **ep.summary()})
     skills = defaultdict(list)
     envs = defaultdict(list)
@@ -169,8 +177,8 @@ def route_seeds(policy, factory: EnvFactory, env: str, seeds: list[int], routes:
                 buckets[NONE].append(s)
                 continue
             d = policy.router.route(first_user_text(obs["messages"]))
-            routes.append({"env": env, "seed": s, "choice": d["choice"], "probabilities": d["probabilities"]})
-            buckets[d["choice"]].append(s)
+            routes.append({"env": env, "seed": s, "choice": d.choice, "probabilities": d.probabilities})
+            buckets[d.choice].append(s)
     finally:
         if e is not None:
             e.close()

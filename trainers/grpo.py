@@ -31,13 +31,17 @@ import json
 import shutil
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
 
+from envforge import __version__
 from envforge.errors import UsageError
+from envforge.progress import Progress, Step
 from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
 from trainers.policy import Policy, set_threads
 from trainers.rollout import Episode, EnvFactory, is_constant, run_episodes
@@ -111,6 +115,14 @@ class IterationStats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __str__(self) -> str:
+        """The iteration for a person: reward, what was trained, speed, where the time went."""
+        return (f"reward {self.reward_mean:.3f} ± {self.reward_std:.3f}  constant groups "
+                f"{self.constant_fraction:.0%}  trained {self.groups_trained}/{self.groups_collected}"
+                f"  {self.tokens_per_s:,.0f} tok/s  loss {self.loss:+.4f}  {self.seconds:.1f}s "
+                f"(generate {self.generate_s:.1f}s, env wait {self.env_wait_s:.1f}s, loss "
+                f"{self.loss_s:.1f}s)" + (f"  errors {self.errors}" if self.errors else ""))
+
 
 @dataclass
 class TrainResult:
@@ -125,7 +137,6 @@ class TrainResult:
 
 def add_adapter(model, config: GRPOConfig):
     """``model`` wrapped with a fresh trainable LoRA adapter (peft); only it requires grad."""
-    from peft import LoraConfig, get_peft_model
     torch.manual_seed(config.seed)
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=config.target_modules, bias="none", task_type="CAUSAL_LM")
@@ -138,13 +149,11 @@ class GRPOTrainer:
     def __init__(self, policy: Policy, env: str | Path, config: GRPOConfig | None = None,
                  out: str | Path = "adapter", *, base_model: str | None = None,
                  unsafe_skip_gate: bool = False, resume: bool = True,
-                 progress: Callable[[IterationStats], None] | None = None,
-                 on_resume: Callable[[int], None] | None = None):
+                 progress: Progress | None = None):
         self.config = config or GRPOConfig()
         self.env, self.out = env, Path(out)
         self.base_model = base_model or policy.name
         self.unsafe_skip_gate, self.resume, self.progress = unsafe_skip_gate, resume, progress
-        self.on_resume = on_resume
         set_threads(self.config.threads)
         policy.model.to(self.config.device)
         if not hasattr(policy.model, "peft_config"):
@@ -163,8 +172,6 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, env_hash: str) -> Path:
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
         final = self.out / CHECKPOINT
         tmp = self.out / (CHECKPOINT + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -185,8 +192,6 @@ class GRPOTrainer:
         return final
 
     def load_checkpoint(self, env_hash: str) -> bool:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
         ck = self.out / CHECKPOINT
         if not (ck / "state.json").is_file():
             return False
@@ -286,14 +291,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the run
     def train(self) -> TrainResult:
-        from concurrent.futures import ThreadPoolExecutor
         c = self.config
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
                         unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s) as factory:
             if self.resume and self.load_checkpoint(factory.env_hash):
-                if self.on_resume:
-                    self.on_resume(self.iteration)
+                self._report(Step(f"resumed at iteration {self.iteration}", None, self.iteration,
+                                  c.iterations))
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
             meta = factory.describe()
@@ -303,10 +307,13 @@ class GRPOTrainer:
                     self.history.append(stats.to_dict())
                     if self.iteration % c.save_every == 0 or self.iteration == c.iterations:
                         self.save_checkpoint(factory.env_hash)
-                    if self.progress:
-                        self.progress(stats)
+                    self._report(Step(str(stats), None, self.iteration, c.iterations, stats))
             manifest = self.save_adapter(factory, meta)
         return TrainResult(self.out, self.history, manifest)
+
+    def _report(self, step: Step) -> None:
+        if self.progress is not None:
+            self.progress(step)
 
     def iterate(self, factory: EnvFactory, executor) -> IterationStats:
         c = self.config
@@ -332,7 +339,6 @@ class GRPOTrainer:
 
     def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
         """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""
-        from envforge import __version__
         self.out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(self.out))
         env_manifest = {}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from envforge.errors import EnvforgeError
+from envforge.progress import Progress, Step
 
 SUCCESS = 1.0 - 1e-6  # an episode whose score reaches this is a success
 
@@ -116,8 +117,9 @@ def _step(ep: Episode, action: dict) -> tuple | None:
 def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_tokens: int = 256,
                  temperature: float = 1.0, top_p: float = 1.0, max_turns: int | None = None,
                  max_context_tokens: int = 4096, executor: ThreadPoolExecutor | None = None,
-                 stats: dict | None = None) -> list[Episode]:
-    """One episode per seed (repeat a seed for a group); see the module docstring."""
+                 stats: dict | None = None, progress: Progress | None = None) -> list[Episode]:
+    """One episode per seed (repeat a seed for a group); see the module docstring. ``progress``
+    gets ``Step("episodes", done=..., total=len(seeds))`` as each wave of episodes ends."""
     own = executor is None
     executor = executor or ThreadPoolExecutor(max_workers=max(1, factory.size))
     episodes: list[Episode] = []
@@ -127,6 +129,8 @@ def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_token
             _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p,
                        max_turns, max_context_tokens, stats if stats is not None else {})
             episodes += wave
+            if progress is not None:
+                progress(Step("episodes", None, len(episodes), len(seeds)))
     finally:
         if own:
             executor.shutdown(wait=True)

@@ -1,7 +1,7 @@
 """Routing: the base model picks one adapter (or none) per task from label-token logits.
 
     router = Router.load("models/base", "adapters/")        # every adapters/<slug>/ with manifest.json
-    router.route("My laptop loan ends Friday, extend it")   # {"choice": "helpdesk_...", "probabilities": {...}}
+    router.route("My laptop loan ends Friday, extend it")   # Route(choice="helpdesk_...", ...)
     policy = RoutedPolicy.load("models/base", "adapters/")
     policy.begin("task text")                               # the chosen adapter for the whole episode
 
@@ -25,6 +25,20 @@ from envforge.errors import InputError, UsageError
 from trainers.policy import Policy, load_policy
 
 NONE = "none"
+
+
+@dataclass
+class Route:
+    """Where a task goes: the chosen adapter's name (or ``"none"``: the base model), its label,
+    and every option's probability."""
+    task: str
+    choice: str
+    label: str
+    probabilities: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "choice": self.choice, "label": self.label,
+                "probabilities": self.probabilities}
 
 
 @dataclass
@@ -87,8 +101,7 @@ class Router:
         return cls(load_policy(model), find_adapters(adapters), **kw)
 
     @torch.no_grad()
-    def route(self, task: str) -> dict:
-        """``{"task", "choice" (adapter name or "none"), "label", "probabilities" {name: p}}``."""
+    def route(self, task: str) -> Route:
         p = self.policy
         text = p.render(routing_messages(task, self.adapters, self.examples), add_generation_prompt=True)
         ids = torch.tensor([p.encode(text)], device=p.device)
@@ -101,8 +114,7 @@ class Router:
         probs = torch.softmax(label_logits, dim=-1).tolist()
         names = [NONE] + [a.name for a in self.adapters]
         best = int(torch.argmax(label_logits))
-        return {"task": task, "choice": names[best], "label": self.labels[best],
-                "probabilities": dict(zip(names, probs))}
+        return Route(task, names[best], self.labels[best], dict(zip(names, probs)))
 
 
 class RoutedPolicy(Policy):
@@ -131,9 +143,9 @@ class RoutedPolicy(Policy):
         if choice != NONE:
             self.model.set_adapter(choice)
 
-    def begin(self, task: str) -> dict:
+    def begin(self, task: str) -> Route:
         decision = self.router.route(task)
-        self.use(decision["choice"])
+        self.use(decision.choice)
         return decision
 
     def generate(self, *args: Any, **kw: Any):

@@ -35,6 +35,29 @@ GLUE = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '": ', "}}"]
 PIECES = r"\s+|\d{1,3}|[^\W\d]+|[^\w\s]"
 
 
+#: policy lines a helpdesk might give its agent: SFT shows the base agent random selections of
+#: them in place of the target's policy, so that it acts on the conversation rather than on one
+#: exact system prompt (an agent you already have was not trained on your policy text either)
+POLICY_LINES = [
+    "You are a service agent.", "You are the IT helpdesk assistant.", "You help users with their tickets.",
+    "Use only the tools you are given and the records they return.",
+    "Never invent ids or values: take them from the user or from tool results.",
+    "One tool call at a time; answer the user in plain text between tool calls.",
+    "Before close_ticket, read the ticket with get_ticket_details and check its status.",
+    "close_ticket may only be used when the status is 'active'.",
+    "When a check fails, make no change and tell the user which check failed.",
+    "Before close_ticket, tell the user what you will do and ask them to confirm.",
+    "If the user says no, make no change.", "Be brief and polite.",
+    "Do not share one user's tickets with another user.", "Write in plain English.",
+]
+
+
+def policy_variant(rng: random.Random) -> str:
+    """A random selection of ``POLICY_LINES``, in random order, one per line."""
+    lines = rng.sample(POLICY_LINES, rng.randint(1, len(POLICY_LINES)))
+    return "\n".join(("- " if i and rng.random() < 0.5 else "") + x for i, x in enumerate(lines))
+
+
 def fit_tokenizer(texts: list[str]):
     """A word-level tokenizer over ``texts`` (see the module docstring)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -86,42 +109,70 @@ def prompt_tokens(policy, messages: list[dict], answer: str) -> tuple[list[int],
     return prompt + ans, [0] * len(prompt) + [1] * len(ans)
 
 
-def pretrain_copy(model, tokenizer, *, steps: int = 350, batch_size: int = 32, lr: float = 3e-3,
-                  seed: int = 0) -> float:
-    """A short warm-up on a synthetic copy task: random words with one ``TCK - <number>`` among
-    them, then ``TCK -`` again; the loss is on the number. It teaches what copying an id into a
-    tool call needs (find the id in the context, emit the same token) in a few hundred cheap
-    steps, where SFT on whole demonstrations had not learnt it after as many expensive ones.
-    Stands in for the pretraining any real base model has had. Returns the last loss."""
-    vocab = tokenizer.get_vocab()
-    numbers = torch.tensor(sorted(v for k, v in vocab.items() if k.isdigit() and len(k) == 3 and k[0] != "0"))
-    words = torch.tensor(sorted(v for k, v in vocab.items() if not k.isdigit() and k not in SPECIALS))
-    marker = torch.tensor([vocab["TCK"], vocab["-"]])
-    g = torch.Generator().manual_seed(seed)
+class CopyTask:
+    """A synthetic copy task: random words with one ``TCK - <number>`` among them, then ``TCK -``
+    again; the loss is on the number. It teaches what copying an id into a tool call needs (find
+    the id in the context, emit the same token), which SFT on whole demonstrations alone does not
+    teach a model this small in minutes. Stands in for the pretraining any real base model has
+    had; SFT keeps a copy batch in every step so the skill is not forgotten."""
+
+    def __init__(self, tokenizer, seed: int = 0, batch_size: int = 32):
+        vocab = tokenizer.get_vocab()
+        self.numbers = torch.tensor(sorted(v for k, v in vocab.items() if k.isdigit() and len(k) == 3
+                                           and k[0] != "0"))
+        self.words = torch.tensor(sorted(v for k, v in vocab.items() if not k.isdigit() and k not in SPECIALS))
+        self.marker = torch.tensor([vocab["TCK"], vocab["-"]])
+        self.g = torch.Generator().manual_seed(seed)
+        self.batch_size = batch_size
+
+    def loss(self, model) -> torch.Tensor:
+        b, g = self.batch_size, self.g
+        n = int(torch.randint(6, 40, (1,), generator=g))
+        ids = self.words[torch.randint(0, len(self.words), (b, n), generator=g)]
+        at = int(torch.randint(0, n - 3, (1,), generator=g))
+        x = self.numbers[torch.randint(0, len(self.numbers), (b,), generator=g)]
+        ids[:, at:at + 2], ids[:, at + 2] = self.marker, x
+        ids = torch.cat([ids, self.marker.expand(b, 2), x[:, None]], 1)
+        return torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2].float(), x)
+
+
+def number_prior(model, tokenizer, scale: float = 3.0, seed: int = 0) -> None:
+    """Give the number tokens' embeddings a shared direction (as a pretrained model's number tokens
+    have), so that an attention head can find "the id in the context" by content from the start."""
+    emb = model.get_input_embeddings().weight
+    ids = [v for k, v in tokenizer.get_vocab().items() if k.isdigit()]
+    shared = torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        emb[ids] += scale * float(emb.std()) * shared
+
+
+def pretrain_copy(model, tokenizer, *, steps: int = 500, batch_size: int = 32, lr: float = 1e-3,
+                  warmup: int = 100, seed: int = 0) -> float:
+    """``steps`` of the copy task alone (``CopyTask``), the learning rate warmed up linearly over
+    ``warmup`` steps; returns the last loss. (Measured: at 3e-3 without warm-up one seed in three
+    never learnt the task; at 1e-3 with 100 warm-up steps three of three reached loss 0.1 by step
+    500.)"""
+    task = CopyTask(tokenizer, seed, batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup)))
     model.train()
     value = float("nan")
     for _ in range(steps):
-        n = int(torch.randint(6, 40, (1,), generator=g))
-        ids = words[torch.randint(0, len(words), (batch_size, n), generator=g)]
-        at = int(torch.randint(0, n - 3, (1,), generator=g))
-        x = numbers[torch.randint(0, len(numbers), (batch_size,), generator=g)]
-        ids[:, at:at + 2], ids[:, at + 2] = marker, x
-        ids = torch.cat([ids, marker.expand(batch_size, 2), x[:, None]], 1)
-        loss = torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2].float(), x)
+        loss = task.loss(model)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sched.step()
         value = float(loss.detach())
     model.eval()
     return value
 
 
 def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epochs: int = 8,
-        batch_size: int = 16, lr: float = 3e-3, seed: int = 0,
+        batch_size: int = 16, lr: float = 3e-3, seed: int = 0, copy: CopyTask | None = None,
         progress: Callable[[int, int, float], None] | None = None) -> list[float]:
-    """Next-token cross-entropy on the masked tokens; linear warm-up and cosine decay. Returns
-    the mean loss per epoch."""
+    """Next-token cross-entropy on the masked tokens (plus ``copy``'s loss each step, if given);
+    linear warm-up and cosine decay. Returns the mean SFT loss per epoch."""
     from trainers.grpo import batch_tensors
     from trainers.rollout import Episode
     g = torch.Generator().manual_seed(seed)
@@ -144,7 +195,7 @@ def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epoc
             m = mask[:, 1:]
             loss = (nll * m).sum() / m.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss + copy.loss(model) if copy is not None else loss).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()

@@ -3,10 +3,10 @@
 It reads only what an agent sees (the messages) and plays the target's three kinds of task
 correctly, except in the episodes where a deficit is planted:
 
-- ``precondition_verification``: it closes the ticket at once, without reading its status (so it
-  closes tickets it must not);
-- ``confirmation_before_write``: it closes the ticket right after reading it, without stating
-  the change and asking for a yes.
+- ``precondition_verification``: it never reads a ticket before closing it (so it closes
+  tickets it must not);
+- ``confirmation_before_write``: it closes a ticket without stating the change and asking for a
+  yes (where the user did not waive it).
 
 Each deficit is drawn per episode with its rate (``DeficitRates``); everything else is right.
 """
@@ -70,23 +70,31 @@ def confirm_text(key: str, resolution: str) -> str:
 
 
 def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
-    """The expert's next assistant message; ``skip`` holds this episode's planted deficits."""
+    """The expert's next assistant message; ``skip`` holds this episode's planted deficits.
+
+    Each deficit skips its step wherever the step belongs, whatever the task looks like: with
+    ``precondition_verification`` the expert never reads the ticket before closing it, with
+    ``confirmation_before_write`` it never asks before closing. (A deficit tied to one task's
+    wording would not show in training envs worded otherwise.)"""
     opening = next(m["content"] for m in messages if m["role"] == "user")
     kind = task_kind(opening)
     key = TICKET.search(opening).group(0)
     n = sum(m["role"] == "assistant" for m in messages)
-    resolution = RESOLUTION.search(opening).group(1) if kind != "status_lookup" else ""
-    if kind == "precondition_verification" and kind in skip:
-        return _call("close_ticket", {"ticket_id": key, "resolution": resolution}, n)
-    if not _called(messages, "get_ticket_details"):
-        return _call("get_ticket_details", {"ticket_id": key}, n)
-    rec = (_results(messages, "get_ticket_details") or [{}])[0]
+    read = _called(messages, "get_ticket_details")
     if kind == "status_lookup":
+        if not read:
+            return _call("get_ticket_details", {"ticket_id": key}, n)
+        rec = (_results(messages, "get_ticket_details") or [{}])[0]
         return _text(f"Ticket {key} has the status '{rec.get('status')}'.")
-    if rec.get("status") != "active":
-        return _text(f"I'm sorry, but I can't do that: ticket {key} has the status "
-                     f"'{rec.get('status')}', and close ticket is only possible when the status "
-                     "is 'active'.")
+    resolution = RESOLUTION.search(opening).group(1)
+    if not read and "precondition_verification" not in skip:
+        return _call("get_ticket_details", {"ticket_id": key}, n)
+    if read:
+        rec = (_results(messages, "get_ticket_details") or [{}])[0]
+        if rec.get("status") != "active":
+            return _text(f"I'm sorry, but I can't do that: ticket {key} has the status "
+                         f"'{rec.get('status')}', and close ticket is only possible when the status "
+                         "is 'active'.")
     if kind == "precondition_verification" or "confirmation_before_write" in skip:
         return _call("close_ticket", {"ticket_id": key, "resolution": resolution}, n)
     for m in messages:  # the latest resolution the user asked for

@@ -242,9 +242,11 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
     from trainers.policy import load_policy
     progress.begin(f"train {label}", f"{iterations} iterations of 4 x 4 rollouts")
 
-    def show(s):
-        progress.step(s.iteration, iterations, f"iterations, reward {s.reward_mean:.2f}, "
-                      f"{s.tokens_per_s:,.0f} tok/s", force=True)
+    def show(step):
+        if step.record is not None:  # an iteration's statistics (not the step saying it resumed)
+            s = step.record
+            progress.step(step.done, iterations, f"iterations, reward {s.reward_mean:.2f}, "
+                          f"{s.tokens_per_s:,.0f} tok/s", force=True)
     trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations), out=out,
                           base_model=str(model_dir), progress=show)
     result = trainer.train()

@@ -48,7 +48,6 @@ class IdentifyConfig(Settings):
                                "evidence check.", low=0)
     cache_dir: str | None = setting(None, "LLM: cache folder (default ~/.cache/envforge/llm).")
     cache: bool = setting(True, "LLM: read and write the cache.")
-    progress: bool = setting(False, "Show progress on stderr.")
 
     def check(self) -> None:
         if self.min_runs is not None and self.min_runs > self.runs:

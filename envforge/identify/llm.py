@@ -26,6 +26,7 @@ from envforge.errors import InputError
 from envforge.identify.config import LABELS, LACKING, NA, PRESENT, Capability, IdentifyConfig
 from envforge.identify.rules import Verdict
 from envforge.llm import run_concurrently
+from envforge.progress import Progress
 from envforge.trajectories import Trajectory, render
 
 #: What each structural capability's labels require (kept in step with docs/identify-rubric.md).
@@ -242,8 +243,10 @@ def _listing(caps: Sequence[Capability]) -> str:
 class LLMLabeller:
     """Discovery and labelling against an :class:`envforge.llm.LLMClient`."""
 
-    def __init__(self, client: Any, config: IdentifyConfig, policy: str | None = None):
+    def __init__(self, client: Any, config: IdentifyConfig, policy: str | None = None,
+                 progress: Progress | None = None):
         self.client, self.config, self.policy = client, config, policy or ""
+        self.progress = progress
         self.invalid_replies = 0     # replies still failing the schema or the evidence check
         self.discovery_calls = 0     # discovery requests made (cached or not)
         self._lock = threading.Lock()
@@ -263,7 +266,7 @@ class LLMLabeller:
                 if batch:
                     jobs.append((cfg.seed + r, batch))
         results = run_concurrently(lambda job: self._discover_batch(*job), jobs, cfg.concurrency,
-                                   "discovering" if cfg.progress else None)
+                                   self.progress, "discovery batches")
         merged = merge_candidates(results, cfg.max_candidates)
         if not merged:
             raise InputError("the LLM proposed no usable capability in any discovery batch; "
@@ -294,7 +297,7 @@ class LLMLabeller:
         rule's verdict."""
         jobs = list(zip(trajectories, proposals or [None] * len(trajectories)))
         return run_concurrently(lambda job: self._label_one(job[0], caps, job[1]), jobs,
-                                self.config.concurrency, "labelling" if self.config.progress else None)
+                                self.config.concurrency, self.progress, "trajectories labelled")
 
     def _label_one(self, t: Trajectory, caps: Sequence[Capability],
                    proposal: dict[str, Verdict] | None) -> dict[str, Verdict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envforge.identify import Identification
+from envforge.identify.identification import Identification
 
 BY_CONSTRUCTION = ("0* : ER+ is 0 by construction: the rule compares the agent with the task's "
                    "expected actions, which define success, so its gap is just ER-")

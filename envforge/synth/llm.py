@@ -21,6 +21,7 @@ import re
 
 from envforge import contract as C
 from envforge.contract import Finding, error
+from envforge.gate.static import parse  # thread-safe ast.parse
 from envforge.targets import Target
 
 
@@ -207,7 +208,6 @@ def _tail(code: str) -> str:
 def _checked(code: str, fenced: bool) -> tuple[str | None, Finding | None]:
     """Code that parses; code whose syntax error sits on its last line (at EOF) reads as
     truncated; other syntax errors in fenced code go to the gate, which reports them."""
-    from envforge.gate.static import parse  # thread-safe ast.parse
     try:
         parse(code)
     except SyntaxError as e:
