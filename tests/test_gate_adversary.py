@@ -174,6 +174,25 @@ def test_markdown_texts_have_newlines_blank_lines_and_long_runs():
     assert any(run * 20 in t for t in texts for run in "-=*_#~.")
 
 
+@pytest.mark.parametrize("probe_seed", [4802840532486765974, 1, 2, 3])
+def test_every_audit_says_a_text_of_tens_of_kb(probe_seed):
+    """Besides the drawn texts (whose longest is drawn from long_text_chars up: with the first
+    seed, the audit of the red team's r_long_buffer drew it at long_text_chars, under the env's
+    8 KiB buffer, and accepted it), one episode says a text of six to eleven times that; its
+    draws leave the others as they were."""
+    from envforge.gate.dynamic import Draws
+    from envforge.gate.probes import extend_texts, long_text
+
+    settings = GateSettings(probe_seed=probe_seed)
+    draws = Draws(probe_seed, settings)
+    before = draws.rng.getstate()
+    seed, text = long_text(draws, settings.long_text_chars)
+    assert draws.rng.getstate() == before and seed in draws.seeds
+    assert 6 * settings.long_text_chars <= len(text) <= 11 * settings.long_text_chars
+    extend_texts(draws, 'X = "some words"\n', settings.long_text_chars)
+    assert long_text(draws, settings.long_text_chars)[0] == seed
+
+
 def test_literals_are_the_envs_own_short_words():
     words = literals('X = "all good"\ndef f():\n    return {"k": "v1"}, "a\\nb", "' + "y" * 80 + '"\n')
     assert "all good" in words and "v1" in words and "k" in words
@@ -193,3 +212,83 @@ def test_literals_are_the_envs_own_short_words():
 ])
 def test_hidden_numbers_and_enum_choices(value, schema, messages, hidden):
     assert (_unobserved_value(value, schema, messages) is not None) == hidden
+
+
+# --------------------------------------------------------------------------- reads that decide
+# Attacks on the capability itself (issue 15's "capability not tested"), written for these
+# probes: the reads are made and may even be credited, but what they return decides nothing.
+
+READS = {
+    # whether the request will be refused shows in the greeting: the reads decide nothing
+    "refusal_shown_by_greeting": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if self._sc["blocker"]:
+                    user = obs["messages"][1]
+                    user["content"] = "Hello again! " + user["content"][len("Hi, "):]
+                return obs, info
+        """), "free_reward", "opening message"),
+    # the other side: only requests that will be granted say everything is in order
+    "grant_shown_by_remark": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if not self._sc["blocker"]:
+                    obs["messages"][1]["content"] += " Everything is in order on my side."
+                return obs, info
+        """), "free_reward", "opening message"),
+    # identifying the employee counts as having checked their records
+    "checks_credited_by_identification": (override("""
+            def _checked(self):
+                return self._authed
+        """), "free_reward", "without its checks"),
+    # any employee's profile counts as the requester's (another real record: the manager's)
+    "profile_of_anyone_counts": (override("""
+            def _dispatch(self, name, args):
+                out = _Base._dispatch(self, name, args)
+                if name == "get_employee_details" and args.get("employee_id") in self._world["employees"]:
+                    self._employee_read = True
+                return out
+        """), "partial_credit", "get_employee_details sent for another record"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_reads_that_decide_nothing_are_rejected(tmp_path, name):
+    source, check, message = READS[name]
+    assert audit_static(source).ok, "the attack must pass the static audit"
+    # 30 seeds: profiles are read on the loan requests, a quarter of the seeds
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
+    report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
+    found = [f.to_dict() for f in report.findings if f.severity == "error"]
+    assert report.verdict == "reject"
+    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+def test_the_clean_env_passes_the_read_probes(tmp_path):
+    from tests.envfactory import good_source
+
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
+    report = audit(write_env(tmp_path / "good", good_source()), settings=settings, write_report=False)
+    assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+    # the look-up that finds the employee id is not a check; the two record reads are
+    assert report.stats["check_reads"] == ["get_employee_details", "get_ticket_details"]
+    assert "decision_words" not in report.stats
+
+
+def test_words_that_recur_by_chance_do_not_tell_the_decision():
+    """Openings made of names drawn at random, labelled at random: no cover of either side
+    (the false-reject guard: two seeds a word, nine in ten covered, a word per three seeds)."""
+    from envforge.gate.probes import _cover
+
+    rng = random.Random(7)
+    names = [f"name{c}" for c in "abcdefghijklmnopqrstuvwxyz"][:20]
+    for trial in range(200):
+        seeds = [{rng.choice(names), rng.choice(names), "ticket", "please"} for _ in range(40)]
+        acts = [rng.random() < 0.5 for _ in seeds]
+        group = [w for w, a in zip(seeds, acts) if a]
+        rest = [w for w, a in zip(seeds, acts) if not a]
+        assert _cover(group, rest) is None and _cover(rest, group) is None, trial
+    # and a word that does tell it is found
+    group = [{"ticket", "closed", rng.choice(names)} for _ in range(12)]
+    rest = [{"ticket", rng.choice(names)} for _ in range(12)]
+    assert _cover(group, rest) == ["closed"]

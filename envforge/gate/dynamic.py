@@ -475,8 +475,9 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
     idle = [host.episode("a", s, draws.talker(s), "do-nothing") for s in seeds]
     rand = _hypothesis_run(findings, "random episodes", lambda: _random_episodes(host, tools, len(seeds), draws)) or []
 
-    say("own words, several calls a message")
+    say("own words, a text of tens of KB, several calls a message")
     probes.own_words(host, draws, findings, stats)
+    probes.long_talk(host, draws, settings.long_text_chars)
     probes.parallel_reference(host, solved, draws)
 
     say("robustness (hypothesis)")
@@ -696,6 +697,11 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {gathering.string!r} must need the "
                          "information the reads return.")
+    # the checks (reads that find no id a later call sends) must matter; with a capability
+    # about reading, whether to act must not be readable off the opening message
+    contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
+    if gathering:
+        probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
         if not lowered and n >= 2:
             findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
@@ -811,14 +817,10 @@ def _with_call(actions: list, i: int, j: int, call: dict) -> list:
 
 def _without_reads(actions: list, kinds: dict) -> list | None:
     """The plan without its read calls (None when it makes none)."""
-    out, removed = [], False
-    for a in actions:
-        calls = a.get("tool_calls") or []
-        keep = [c for c in calls if kinds.get(c["function"]["name"]) != "read"]
-        removed |= len(keep) < len(calls)
-        if keep or (a.get("content") or "").strip():
-            out.append({**a, "tool_calls": keep} if keep else {"role": "assistant", "content": a.get("content")})
-    return out if removed and out else None
+    reads = {c["function"]["name"] for a in actions for c in a.get("tool_calls") or []
+             if kinds.get(c["function"]["name"]) == "read"}
+    plan = probes.without_calls(actions, reads)
+    return plan if reads and plan else None
 
 
 def _properties(by_name: dict, name: str) -> dict:

@@ -11,7 +11,10 @@ team found in the gate (tests/redteam_unseen, issue 15), closed in general, not 
   arguments at extreme values (a hang or a blow-up only a valid id reaches);
 - malformed actions and chatter, replayed in the second process like the reference;
 - the reference and perturbed episodes replayed after the many-resets probe (drift in step
-  rewards, not only in reset).
+  rewards, not only in reset);
+- reads that decide: the reference's checks (reads that find no id a later call sends) removed,
+  or sent for another record, must lower the score; for a capability about reading, whether
+  the reference acts must not be readable off the opening message.
 
 ``dynamic.py`` calls these from its stage; every finding goes through its ``Findings``.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
 from typing import Any
 
 from envforge.contract import assistant, tool_call
@@ -76,6 +80,23 @@ def extend_texts(draws, source: str, long_chars: int) -> None:
     for _ in range(4):
         if words:
             draws.texts.append(" ".join(rng.sample(words, min(len(words), rng.randrange(1, 12)))))
+
+
+def long_text(draws, long_chars: int) -> tuple[int, str]:
+    """A seed and a markdown text of six to eleven times ``long_chars``, drawn from a generator
+    of their own (seeded from the probe seed), so that every other draw stays as it was."""
+    rng = random.Random(f"long text {draws.probe_seed}")
+    size = rng.randrange(6 * long_chars, 11 * long_chars + 1)
+    return rng.choice(draws.seeds), markdown_text(rng, list(getattr(draws, "literals", [])) or ["ok"], size)
+
+
+def long_talk(host, draws, long_chars: int) -> None:
+    """One episode that says a text of tens of KB every turn: the drawn texts' longest is drawn
+    from ``long_chars`` up, so one audit in many sends nothing above a buffer or a slow path a
+    little over ``long_chars``; this one always does. ``Host.episode`` turns a crash or a hang
+    into a finding."""
+    seed, text = long_text(draws, long_chars)
+    host.episode("a", seed, lambda t, m: assistant(text), "a text of tens of KB")
 
 
 def own_words(host, draws, findings, stats: dict) -> None:
@@ -218,3 +239,196 @@ def malformed_episodes(host, tools: list, draws) -> list:
 def _scripted(actions: list):
     it = iter(actions)
     return lambda t, m: next(it, None)
+
+
+# --------------------------------------------------------------------------- reads that decide
+
+def _sent(call: dict) -> set[str]:
+    """What a call sends that could name a record: its strings (3+ letters or digits once
+    squashed, at most three words) and its integers of three digits or more, squashed."""
+    from envforge.gate.dynamic import _json_args, _squash, _strings
+
+    args = _json_args(call) or {}
+    out = {_squash(s) for s in _strings(args) if len(s.split()) <= 3}
+    out |= {str(abs(v)) for v in args.values() if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 100}
+    return {v for v in out if len(v) >= 3}
+
+
+def _reads(a: dict, kinds: dict) -> list[str]:
+    return [c["function"]["name"] for c in a.get("tool_calls") or [] if kinds.get(c["function"]["name"]) == "read"]
+
+
+def lookup_tools(episodes: list, kinds: dict) -> set[str]:
+    """The read tools that, in some reference episode, first show a value a later call of the
+    reference sends (a look-up: it finds the id the next call needs). The other reads are
+    checks: what they return can only decide whether and how to act."""
+    from envforge.gate.dynamic import _squash
+
+    found: set[str] = set()
+    for e in episodes:
+        seen = " ".join(_squash(m.get("content")) for m in e.trace[0][0]["messages"])
+        for t, a in enumerate(e.actions):
+            result = " ".join(_squash(m.get("content")) for m in e.trace[t + 1][0]["messages"]) if t + 1 < len(e.trace) else ""
+            reads = _reads(a, kinds)
+            if reads:
+                later = {v for b in e.actions[t + 1:] for c in b.get("tool_calls") or [] for v in _sent(c)}
+                if any(v in result and v not in seen for v in later):
+                    found.update(reads)
+            seen += " " + result
+    return found
+
+
+def _shape(value: str) -> str:
+    return "".join("9" if c.isdigit() else "a" if c.isalpha() else c for c in value)
+
+
+def _other_record(value: str, episode) -> str:
+    """Another value of the shape of ``value`` (letters, digits, punctuation in the same places,
+    the same prefix) that the episode's observations show: another real record's id, else a
+    changed one."""
+    from envforge.gate.dynamic import _mutate
+
+    text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
+    prefix = re.match(r"[^\W\d]*", value).group(0)
+    for token in re.findall(r"[\w.@+-]+", text):
+        if token != value and token.startswith(prefix) and _shape(token) == _shape(value):
+            return token
+    return _mutate(value)
+
+
+def without_calls(actions: list, names) -> list:
+    """The plan without its calls of the tools ``names`` (a message left empty is dropped)."""
+    plan = []
+    for a in actions:
+        keep = [c for c in a.get("tool_calls") or [] if c["function"]["name"] not in names]
+        if keep or (a.get("content") or "").strip():
+            plan.append({**a, "tool_calls": keep} if keep else assistant(a.get("content")))
+    return plan
+
+
+def _acts(actions: list, kinds: dict) -> bool:
+    """Whether a plan acts: makes a call that is neither a read nor a transfer to a human."""
+    return any(isinstance(a, dict) and isinstance(c, dict) and isinstance(c.get("function"), dict)
+               and kinds.get(c["function"].get("name")) not in ("read", "escalation")
+               for a in actions for c in (a.get("tool_calls") or [] if isinstance(a, dict) else []))
+
+
+def checking_reads(host, solved: list, kinds: dict, about_reading: bool, findings, stats: dict) -> list:
+    """The reference's checks (reads that are not look-ups) must matter: all removed, the score
+    must drop on some seed (for a capability about reading, or when the reference acts on some
+    seeds and declines on others: something decides, and the checks are where the agent can
+    learn it; a precision env may read and score only the write); a check whose removal drops
+    the score must also drop it when sent for another record (or a changed id), on some seed.
+    Returns the episodes that lowered the score (replayed after the many-resets probe)."""
+    from envforge.gate.dynamic import _json_args, _with_call
+
+    lookups = lookup_tools(solved, kinds)
+    with_checks = [e for e in solved if any(set(_reads(a, kinds)) - lookups for a in e.actions)]
+    checks = sorted({n for e in with_checks for a in e.actions for n in _reads(a, kinds)} - lookups)
+    stats["check_reads"] = checks
+    if len(with_checks) < 2:
+        return []
+    removed, contrast = [], []
+    changed: dict[str, list] = {}  # check tool -> [(seed, lowered)]
+    sides = [_acts(e.actions, kinds) for e in solved]
+    judged = about_reading or min(sides.count(True), sides.count(False)) >= 2
+    for e in with_checks[:6] if judged else []:
+        ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, checks)), "checks removed")
+        removed.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+    # each check tool in turn: when removing it lowers the score (it is credited), its string
+    # arguments naming another record must lower it too (a read credited whatever it reads)
+    tries: dict[str, int] = {}
+    for e in with_checks:
+        for name in checks:
+            runs = changed.setdefault(name, [])
+            if (len(runs) >= 4 or tries.get(name, 0) >= 6 or any(low for _, low in runs)
+                    or not any(name in _reads(a, kinds) for a in e.actions)):
+                continue
+            tries[name] = tries.get(name, 0) + 1
+            ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, [name])), f"{name} removed")
+            if ep.ok and ep.score >= e.score - 1e-6:
+                continue  # not credited: the all-checks probe above judges it
+            plan = e.actions
+            for i, a in enumerate(e.actions):
+                for j, call in enumerate(a.get("tool_calls") or []):
+                    args = _json_args(call)
+                    if call["function"]["name"] == name and args:
+                        new = {k: _other_record(v, e) if isinstance(v, str) and v.strip() else v for k, v in args.items()}
+                        if new != args:
+                            plan = _with_call(plan, i, j, tool_call(name, new, call.get("id", "call_0")))
+            if plan is not e.actions:
+                ep = host.episode("a", e.seed, _scripted(plan), f"{name} of another record")
+                runs.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+                if ep.ok and ep.score < e.score - 1e-6:
+                    contrast.append(ep)
+    if removed and not any(low for _, low in removed):
+        findings.add("free_reward", f"the reference without its checks ({', '.join(checks)}: reads that find "
+                     f"no id a later call needs) still earns the full score ({len(removed)} seeds, e.g. seed "
+                     f"{removed[0][0]}): what the checks return must matter to the reward, or the agent "
+                     "learns to skip them.", key=("free_reward", "checks"))
+    for name, runs in sorted(changed.items()):
+        if len(runs) >= 2 and not any(low for _, low in runs):
+            findings.add("partial_credit", f"the reference's check {name} sent for another record (or a "
+                         f"changed id) never lowers the score ({len(runs)} seeds, e.g. seed {runs[0][0]}): "
+                         "a read is credited whatever it reads.", key=("unchecked", "check", name))
+    return contrast
+
+
+def _opening_words(obs: Any) -> set[str]:
+    messages = obs.get("messages") if isinstance(obs, dict) else None
+    text = " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict) and m.get("role") != "system")
+    return set(re.findall(r"[a-z]{3,}", text.lower()))
+
+
+def _cover(group: list[set], rest: list[set]) -> list[str] | None:
+    """Words (each in two members of ``group`` or more, in none of ``rest``) that between them
+    appear in nine in ten members of ``group`` or more, greedily, at most a third as many words as
+    members; None when there are none such."""
+    outside = set().union(*rest) if rest else set()
+    counts: dict[str, list[int]] = {}
+    for i, words in enumerate(group):
+        for w in words - outside:
+            counts.setdefault(w, []).append(i)
+    counts = {w: set(ix) for w, ix in counts.items() if len(ix) >= 2}
+    left, chosen = set(range(len(group))), []
+    while len(left) > len(group) // 10 and counts:
+        w = max(sorted(counts), key=lambda k: len(counts[k] & left))
+        if not counts[w] & left:
+            break
+        chosen.append(w)
+        left -= counts.pop(w)
+    if len(left) > len(group) // 10 or len(chosen) * 3 > len(group):
+        return None
+    return chosen
+
+
+def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats: dict) -> None:
+    """For a capability about reading: whether the reference acts (makes a write) must not be
+    readable from the opening messages alone, or the reads decide nothing. Over 40 seeds or more
+    (the reference's, then drawn ones: a reset and a solve each), the seeds where it acts and
+    those where it does not must not be told apart by words only one side's openings use."""
+    samples = [(_opening_words(e.trace[0][0]), _acts(e.actions, kinds)) for e in solved]
+    if not any(_reads(a, kinds) for e in solved for a in e.actions):
+        return
+    rng = random.Random(draws.rng.randrange(2**63))
+    for _ in range(max(0, 40 - len(samples))):
+        seed = rng.randrange(2**31)
+        value = host.op(f"opening reset(seed={seed})", "reset", "a", seed)
+        plan = host.op(f"opening solve(seed={seed})", "solve", "a", seed)
+        if not (isinstance(value, (list, tuple)) and value and isinstance(plan, list)):
+            continue
+        samples.append((_opening_words(value[0]), _acts(plan, kinds)))
+    act = [w for w, a in samples if a]
+    rest = [w for w, a in samples if not a]
+    for group, other, what in ((act, rest, "acts"), (rest, act, "does not act")):
+        if len(group) < 6 or len(other) < 6:
+            continue
+        words = _cover(group, other)
+        if words:
+            stats["decision_words"] = words
+            findings.add("free_reward", f"whether the reference acts can be read off the opening message: "
+                         f"the words {', '.join(repr(w) for w in words[:6])} appear only where it {what} "
+                         f"({len(group)} of {len(samples)} seeds): the reads decide nothing. Keep what "
+                         "decides out of the user's words; let only the reads show it.",
+                         key=("free_reward", "decision in opening"))
+            return
