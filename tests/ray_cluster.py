@@ -33,12 +33,14 @@ def free_port() -> int:
 
 
 def _ports() -> list[str]:
-    out = []
-    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                 "--runtime-env-agent-port"):
-        out += [flag, str(free_port())]
+    flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+             "--runtime-env-agent-port")
+    ports = [free_port() for _ in flags]
     low = free_port()
+    while any(low <= p <= low + 40 for p in ports):  # Ray refuses a port in the workers' range
+        low = free_port()
+    out = [x for flag, port in zip(flags, ports) for x in (flag, str(port))]
     return out + ["--min-worker-port", str(low), "--max-worker-port", str(low + 40)]
 
 
