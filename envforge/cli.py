@@ -29,6 +29,7 @@ from envforge import __version__
 from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
+from envforge.demo.config import DemoConfig
 from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable,
                              UsageError)
 from envforge.executor import ExecutorSettings, make_executor
@@ -788,20 +789,19 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
 # (envforge/demo: the whole loop on a small agent made locally; see docs/demo.md)
 
 @main.command()
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds every stage.")
+@option(DemoConfig, "seed")
 @click.option("--out", "out_dir", default="demo_out", show_default=True,
               help="Folder for results.json, report.html, figures, the model, envs and adapters "
                    "(what an earlier demo left there is replaced).")
-@click.option("--quick", is_flag=True, help="Smaller budgets (a few minutes; what CI runs).")
-@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="torch threads (1 is fastest on a small or busy CPU).")
+@option(DemoConfig, "quick", is_flag=True)
+@option(DemoConfig, "threads")
 def demo(seed, out_dir, quick, threads):
     """Run TRACE end to end offline: make a small agent with planted deficits, identify them,
     synthesize and audit envs, train adapters, route, and compare with the baselines on held-out
     target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
     _need_train_extra()
     from envforge.demo.report import print_table
-    from envforge.demo.run import DemoConfig, clean, run_demo
+    from envforge.demo.run import clean, run_demo
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")

@@ -128,3 +128,15 @@ def test_demo_usage_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and f"--out {f} is a file; give a folder" in r.output
     r = CliRunner().invoke(main, ["demo", "--threads", "0"])
     assert r.exit_code == 2 and "--threads" in r.output
+
+
+def test_the_demos_status_words_are_the_targets():
+    """The base agent's word classes name the statuses the target env actually uses."""
+    import ast
+
+    from envforge.demo.target import SOURCE, STATUSES
+    tree = ast.parse(SOURCE.read_text())
+    values = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+              if isinstance(t, ast.Name)}
+    blocked = ast.literal_eval(values["BLOCKED"])
+    assert set(STATUSES) == {"active", *blocked}

@@ -28,6 +28,7 @@ class CalibrationConfig(Settings):
     max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
     temperature: float = setting(1.0, "Sampling temperature (0: greedy; every group is constant).",
                                  low=0)
+    top_p: float = setting(1.0, "Nucleus sampling.", above=0, high=1)
     first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
     seed: int = setting(0, "Seeds the policy's sampling.")
     pool_size: int = setting(8, "Warm sandboxes.", low=1)
@@ -64,7 +65,7 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
     with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
                     call_timeout_s=c.call_timeout_s, executor=executor) as factory:
         episodes = run_episodes(policy, factory, seeds, max_new_tokens=c.max_new_tokens,
-                                temperature=c.temperature, progress=progress)
+                                temperature=c.temperature, top_p=c.top_p, progress=progress)
         env_hash = factory.env_hash
     return report(episodes, c.group_size, env=str(env), env_hash=env_hash)
 

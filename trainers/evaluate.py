@@ -110,6 +110,7 @@ class EvalConfig(Settings):
     """Settings of one evaluation."""
     max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
     temperature: float = setting(0.0, "Sampling temperature (0: greedy).", low=0)
+    top_p: float = setting(1.0, "Nucleus sampling (with temperature > 0).", above=0, high=1)
     pool_size: int = setting(4, "Warm sandboxes per env.", low=1)
     backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
     seed: int = setting(0, "Seeds the policy's sampling.")
@@ -145,7 +146,7 @@ def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
                 def counted(step: Step, played: int = len(episodes)) -> None:  # across buckets
                     progress(Step(step.text, None, played + step.done, len(tasks)))
                 for ep in run_episodes(policy, factory, bucket, max_new_tokens=c.max_new_tokens,
-                                       temperature=c.temperature,
+                                       temperature=c.temperature, top_p=c.top_p,
                                        progress=counted if progress else None):
                     episodes.append({"env": env, "choice": choice or None, **ep.summary()})
     skills = defaultdict(list)

@@ -24,10 +24,11 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from envforge.demo.config import DemoConfig
 from envforge.errors import UsageError
 from envforge.progress import Progress, Step
 
@@ -35,45 +36,6 @@ from envforge.progress import Progress, Step
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
 #: example tasks per adapter in the router's prompt (its SFT examples show as many)
 ROUTER_EXAMPLES = 1
-
-
-@dataclass
-class DemoConfig:
-    seed: int = field(default=0, metadata={"help": "Seeds every stage (model init, sampling, task draws)."})
-    quick: bool = field(default=False, metadata={"help": "Smaller budgets everywhere (CI: < 5 min)."})
-    threads: int = field(default=1, metadata={"help": "torch intra-op threads (1: fastest on a busy CPU)."})
-    # the base agent
-    demonstrations: int = 600
-    sft_epochs: int = 20
-    sft_lr: float = 3e-3
-    hidden: int = 128
-    layers: int = 2
-    heads: int = 4
-    deficit_rate: float = 0.75
-    copy_steps: int = 350
-    routing_examples: int = 200
-    # identify
-    identify_tasks: int = 200
-    # train
-    iterations: int = 40
-    grpo_lr: float = 2e-3
-    lora_rank: int = 8
-    max_new_tokens: int = 64
-    calibration_groups: int = 4
-    # evaluate
-    eval_tasks: int = 300
-    pool_size: int = 8
-    backend: str = "auto"
-
-    @classmethod
-    def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
-        if threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {threads}")
-        c = cls(seed=seed, quick=quick, threads=threads)
-        if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 300, 20, 120, 150
-            c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
-        return c
 
 
 class Tracker:
@@ -138,12 +100,16 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
 
     from envforge.demo import agent
     from envforge.demo.expert import DeficitRates, task_kind
+    from envforge.demo.target import STATUSES
     from envforge.identify.rules import STRUCTURAL_RULES
     from trainers.policy import Policy
     rng = random.Random(cfg.seed)
     rates = DeficitRates(cfg.deficit_rate, cfg.deficit_rate)
     seeds = [SFT_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.demonstrations)]
     episodes = play_expert(factory, seeds, rates, rng)
+    for ep in episodes:  # the base agent must not depend on one exact system prompt
+        if rng.random() < cfg.policy_variants:
+            ep[0] = dict(ep[0], content=agent.policy_variant(rng))
     progress.say(f"base: {len(episodes)} expert demonstrations (planted deficit rate {cfg.deficit_rate})")
     # routing prompts: task texts of the target, labelled with the capability their kind needs
     caps = [r.capability for r in STRUCTURAL_RULES]
@@ -161,19 +127,24 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     tokenizer = agent.fit_tokenizer(texts)
     model = agent.save_model(out, tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                              seed=cfg.seed)
+    fields = {"status": list(STATUSES)}
+    agent.word_classes(model, tokenizer, list(fields.values()), seed=cfg.seed)
     policy = Policy(model, tokenizer, family="hermes", name=str(out))
     data = [agent.episode_tokens(policy, ep) for ep in episodes]
     data += [agent.prompt_tokens(policy, msgs, label) for msgs, label in routes]
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
-    progress.say(f"base: copy warm-up, loss {agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed):.3f}")
+    copy_loss = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields)
+    progress.say(f"base: copy warm-up, loss {copy_loss:.3f}")
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
+                       batch_size=cfg.sft_batch, copy=agent.CopyTask(tokenizer, cfg.seed + 1, 16, fields),
                        progress=lambda s, n, loss: progress.step(s, n, f"steps, loss {loss:.3f}"))
     model.save_pretrained(out)
     return {"parameters": n_params, "vocab": len(tokenizer), "examples": len(data),
             "demonstrations": len(episodes), "routing_examples": len(routes), "sft_loss": losses,
+            "copy_loss": copy_loss,
             "deficit_rate": cfg.deficit_rate}
 
 
@@ -210,7 +181,8 @@ def run_identify(cfg: DemoConfig, out: Path, policy, factory, target_folder: Pat
     from trainers.rollout import run_episodes
     seeds = [IDENTIFY_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.identify_tasks)]
     torch.manual_seed(cfg.seed)
-    episodes = run_episodes(policy, factory, seeds, max_new_tokens=cfg.max_new_tokens, temperature=1.0)
+    episodes = run_episodes(policy, factory, seeds, max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.temperature, top_p=cfg.top_p)
     path = out / "trajectories.jsonl"
     write_jsonl(to_trajectories(episodes, expected_actions(factory, seeds), "target-"), path)
     found = ident.identify(load_trajectories(path), ident.IdentifyConfig(seed=cfg.seed),
@@ -233,6 +205,7 @@ def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
     return GRPOConfig(iterations=iterations, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed + seed_offset, threads=cfg.threads, backend=cfg.backend,
+                      temperature=cfg.temperature, top_p=cfg.top_p,
                       pool_size=cfg.pool_size, micro_batch_size=8)
 
 
@@ -258,7 +231,8 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
 def evaluate_method(policy, target: Path, seeds: list[int], cfg: DemoConfig) -> dict:
     from trainers.evaluate import evaluate
     return evaluate(policy, [{"env": str(target), "seed": s} for s in seeds],
-                    max_new_tokens=cfg.max_new_tokens, temperature=1.0, pool_size=cfg.pool_size,
+                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                    pool_size=cfg.pool_size,
                     backend=cfg.backend, seed=cfg.seed).to_dict()
 
 
@@ -342,6 +316,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
         for cap, env in envs.items():
             rep = calibrate(base, env, CalibrationConfig(groups=cfg.calibration_groups, group_size=16,
                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                                        temperature=cfg.temperature, top_p=cfg.top_p,
                                                         pool_size=cfg.pool_size, backend=cfg.backend))
             results["calibration"][cap] = {"ok": rep.ok, **rep.metrics}
             progress.say(f"calibrate {cap}: mean reward {rep.metrics['mean_reward']:.2f}, "

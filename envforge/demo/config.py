@@ -1,0 +1,53 @@
+"""The demo's settings (``envforge demo``): one field per budget, with its help and bounds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandbox.base import BACKENDS
+from envforge.settings import Settings, setting
+
+
+@dataclass
+class DemoConfig(Settings):
+    """Budgets and settings of one demo run; ``for_run`` makes the full or the ``--quick`` one."""
+    seed: int = setting(0, "Seeds every stage (model init, sampling, task draws).")
+    quick: bool = setting(False, "Smaller budgets everywhere (what CI runs).")
+    threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
+    # the base agent
+    demonstrations: int = setting(600, "Expert demonstrations the base agent is taught on.", low=1)
+    sft_epochs: int = setting(12, "SFT epochs over the demonstrations.", low=1)
+    sft_lr: float = setting(3e-3, "SFT learning rate.", above=0)
+    sft_batch: int = setting(8, "SFT batch size.", low=1)
+    hidden: int = setting(128, "Hidden size of the base model.", low=8)
+    layers: int = setting(2, "Layers of the base model.", low=1)
+    heads: int = setting(4, "Attention heads of the base model.", low=1)
+    deficit_rate: float = setting(0.6, "Per-episode rate of each planted deficit in the demonstrations.",
+                                  low=0, high=1)
+    copy_steps: int = setting(500, "Steps of the copy warm-up before SFT.", low=0)
+    policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",
+                                     low=0, high=1)
+    routing_examples: int = setting(200, "Routing prompts in SFT (a small model must learn the router's form).",
+                                    low=0)
+    # sampling (identify, calibrate, train, evaluate): nucleus sampling keeps the base agent's
+    # planted choices and cuts the tail of stray tokens a small model leaves
+    temperature: float = setting(1.0, "Sampling temperature everywhere.", above=0)
+    top_p: float = setting(0.9, "Nucleus sampling everywhere.", above=0, high=1)
+    identify_tasks: int = setting(200, "Held-out target tasks the base agent plays for identify.", low=5)
+    # train
+    iterations: int = setting(40, "GRPO iterations per adapter (GRPO on the target gets all of theirs).", low=1)
+    grpo_lr: float = setting(2e-3, "GRPO learning rate.", above=0)
+    lora_rank: int = setting(8, "LoRA rank of the adapters.", low=1)
+    max_new_tokens: int = setting(64, "Most tokens per turn.", low=1)
+    calibration_groups: int = setting(4, "Calibration groups per env.", low=1)
+    # evaluate
+    eval_tasks: int = setting(300, "Held-out target tasks every method is evaluated on.", low=1)
+    pool_size: int = setting(8, "Warm sandboxes per env.", low=1)
+    backend: str = setting("auto", "Sandbox the envs run in.", choices=BACKENDS)
+
+    @classmethod
+    def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
+        c = cls(seed=seed, quick=quick, threads=threads)
+        if quick:
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 400, 10, 120, 100
+            c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
+        return c
