@@ -40,8 +40,9 @@ from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
 from sandbox.base import diagnose
-from trainers.calibrate import CalibrationConfig
-from trainers.evaluate import EvalConfig, parse_seeds, read_task_texts, read_tasks
+from trainers.calibrate_config import CalibrationConfig
+from trainers.eval_config import EvalConfig
+from trainers.evaluate import parse_seeds, read_task_texts, read_tasks
 from trainers.grpo_config import GRPOConfig
 
 BACKENDS = ("auto", "process", "docker")  # the sandboxes a command line may ask for

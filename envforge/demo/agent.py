@@ -39,7 +39,7 @@ PIECES = r"\s+|\d{1,3}|[^\W\d]+|[^\w\s]"
 #: them in place of the target's policy, so that it acts on the conversation rather than on one
 #: exact system prompt (an agent you already have was not trained on your policy text either)
 POLICY_LINES = [
-    "You are a service agent.", "You are the IT helpdesk assistant.", "You help users with their tickets.",
+    "You are a service agent.", "You are the IT helpdesk assistant.", "You are a helpful assistant.", "You help users with their tickets.",
     "Use only the tools you are given and the records they return.",
     "Never invent ids or values: take them from the user or from tool results.",
     "One tool call at a time; answer the user in plain text between tool calls.",

@@ -131,7 +131,11 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     agent.word_classes(model, tokenizer, list(fields.values()), seed=cfg.seed)
     policy = Policy(model, tokenizer, family="hermes", name=str(out))
     data = [agent.episode_tokens(policy, ep) for ep in episodes]
-    data += [agent.prompt_tokens(policy, msgs, label) for msgs, label in routes]
+    # routing prompts under the same system prompts as the tasks: which of the two the model is
+    # asked must come from the user's message, not from a system prompt it happens to know
+    data += [agent.prompt_tokens(policy, ([{"role": "system", "content": agent.policy_variant(rng)}]
+                                          if rng.random() < cfg.policy_variants else []) + msgs, label)
+             for msgs, label in routes]
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
