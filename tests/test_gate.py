@@ -1,4 +1,5 @@
 """The gate end to end: broken variants of a good env, each rejected with the exact finding."""
+import dataclasses
 import json
 
 import pytest
@@ -40,7 +41,9 @@ def test_each_broken_variant_gets_its_finding(tmp_path, variant):
 def test_every_finding_is_reported_not_only_the_first(tmp_path):
     crash = next(v for v in variants() if v.name == "crash_on_bad_action").source
     source = crash.replace("import json\n", "import json\nimport os\n", 1)
-    report = audit(write_env(tmp_path / "two", source), settings=FAST, write_report=False)
+    # a pinned draw: 15 robustness examples drawn afresh missed the crashing action about 1 audit in 35
+    report = audit(write_env(tmp_path / "two", source), settings=dataclasses.replace(FAST, probe_seed=0),
+                   write_report=False)
     assert {"static.import", "robustness"} <= {f.check for f in _errors(report)}
 
 
