@@ -6,10 +6,14 @@ This stage stands in for "an agent you already have"; it is the demo's only, not
 The model is saved with ``save_pretrained`` and read back by ``trainers.policy.load_policy``, like
 any checkpoint.
 
-Tokenizer: word level (``tokenizers``), pieces are words, single digits, single punctuation marks
-and runs of whitespace, and the decoder joins them as they are, so text round-trips exactly
-(ids like ``TCK-48213`` are ``TCK - 4 8 2 1 3``: a model copies them digit by digit). The JSON
-glue of a tool call is a few added tokens, so a call is a short token sequence. The chat template
+Tokenizer: word level (``tokenizers``), pieces are words, numbers of up to three digits, single
+punctuation marks and runs of whitespace, and the decoder joins them as they are, so text
+round-trips exactly (an id like ``TCK-482`` is ``TCK - 482``: copying it is copying one token).
+The JSON glue of a tool call is a few added tokens, so a call is a short token sequence.
+
+Before SFT the model gets what pretraining gives a real one: word classes in its embeddings
+(``word_classes``) and a copy warm-up (``CopyTask``, ``pretrain_copy``), so it can carry an id
+from the user's message into a call and a status from a record into a reply. The chat template
 is ``trainers.templates.HERMES_COMPACT`` (hermes calls; no tool list in the prompt: the model
 learns its tools here).
 

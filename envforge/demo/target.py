@@ -29,7 +29,7 @@ TOOL_NAMES = ("get_ticket_details", "close_ticket")
 #: the task kinds (the env's SKILLS) whose deficits the demo plants, and the one it does not
 PLANTED = ("precondition_verification", "confirmation_before_write")
 UNPLANTED = "status_lookup"
-#: the tickets' statuses (the env's ``STATUSES``; the base agent's tokenizer and copy warm-up use them)
+#: the tickets' statuses (the env's ``STATUSES``; the base agent's word classes and copy task use them)
 STATUSES = ("active", "closed", "cancelled", "on_hold", "expired")
 POLICY = ("You are the IT helpdesk assistant. Before close_ticket, read the ticket with "
           "get_ticket_details: close only an 'active' ticket, else say which check failed. Before "
