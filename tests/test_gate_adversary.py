@@ -87,7 +87,7 @@ ATTACKS = {
         condition='isinstance(text, str) and "ticket squared away" in text.lower()')), "free_reward", "own words"),
     # markdown (a blank line) pays: drawn texts were single-line words
     "blank_line_pays": (override(PAY.format(condition='isinstance(text, str) and "\\n\\n" in text')),
-                        "free_reward", "do-nothing"),
+                        "free_reward", "policy"),  # do-nothing or random: which one the draw decides
     # a bonus for each message with several calls: totals above 1
     "several_calls_bonus": (override("""
             def step(self, action):
