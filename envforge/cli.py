@@ -719,7 +719,7 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
 @option(EvalConfig, "examples", help="Examples per capability shown to the router.")
 @threads_option
 def route(model, adapters, tasks, tasks_file, threads, **kwargs):
-    """Pick an adapter (or none) per task from the base model's label-token logits; JSON out."""
+    """Pick an adapter (or none) per task by the base model's likelihood of each answer; JSON out."""
     config = settings(EvalConfig, kwargs)
     texts = list(tasks) + (read_task_texts(tasks_file) if tasks_file else [])
     if not texts:

@@ -1,5 +1,6 @@
-"""trainers.router: the base model picks the adapter whose label it was made to prefer (a tiny
-model fine-tuned to answer "2" or "0" on routing prompts), and the routed policy applies it."""
+"""trainers.router: the base model picks the adapter whose answer it was made to prefer (a tiny
+model fine-tuned to answer a capability's name, or "none", to routing prompts), and the routed
+policy applies it."""
 from __future__ import annotations
 
 import json
@@ -29,18 +30,19 @@ def make_adapters(base_dir, folder):
 
 
 def prefer(base_dir, out, adapters, label):
-    """The base model fine-tuned (all weights) to answer ``label`` to routing prompts."""
+    """The base model fine-tuned (all weights) to answer ``label`` (then end its turn) to routing
+    prompts."""
     policy = load_policy(base_dir)
     model = policy.model
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    target = policy.encode(label)[0]
+    answer = policy.encode(label) + [policy.eot_id]
     prompts = [policy.encode(policy.render(routing_messages(t, adapters), add_generation_prompt=True))
                for t in TASKS]
     model.train()
     for _ in range(30):
         for ids in prompts:
-            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
-            loss = torch.nn.functional.cross_entropy(logits[None], torch.tensor([target]))
+            logits = model(input_ids=torch.tensor([ids + answer])).logits[0, len(ids) - 1:-1]
+            loss = torch.nn.functional.cross_entropy(logits, torch.tensor(answer))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -49,8 +51,8 @@ def prefer(base_dir, out, adapters, label):
     return out
 
 
-@pytest.mark.parametrize("label,choice", [("2", "b_checks"), ("0", NONE)])
-def test_router_picks_the_preferred_label(hermes_dir, tmp_path, label, choice):
+@pytest.mark.parametrize("label,choice", [("precondition verification", "b_checks"), (NONE, NONE)])
+def test_router_picks_the_preferred_answer(hermes_dir, tmp_path, label, choice):
     adapters = make_adapters(hermes_dir, tmp_path / "adapters")
     base = prefer(hermes_dir, tmp_path / "base", adapters, label)
     router = Router.load(base, tmp_path / "adapters")
@@ -63,6 +65,10 @@ def test_router_picks_the_preferred_label(hermes_dir, tmp_path, label, choice):
         assert json.loads(json.dumps(d.to_dict())) == {"task": task, "choice": choice,
                                                       "label": label, "probabilities": d.probabilities}
 
+    # the answer is scored, not a position: the options in the other order route the same
+    flipped = Router(load_policy(base), list(reversed(adapters)))
+    assert all(flipped.route(t).choice == choice for t in TASKS)
+
     routed = RoutedPolicy.load(base, tmp_path / "adapters")
     assert routed.begin(TASKS[0]).choice == choice  # routing sees the base model, adapters off
     ids = routed.encode(routed.render([{"role": "user", "content": "hi"}], add_generation_prompt=True))
@@ -71,6 +77,14 @@ def test_router_picks_the_preferred_label(hermes_dir, tmp_path, label, choice):
     assert out and routed.choice == choice
     if choice != NONE:
         assert routed.model.active_adapter == choice
+
+
+def test_two_adapters_with_one_capability_are_an_error(hermes_dir, tmp_path):
+    from envforge.errors import InputError
+    a, b = make_adapters(hermes_dir, tmp_path / "adapters")
+    b.capability = a.capability
+    with pytest.raises(InputError, match="same capability"):
+        Router(load_policy(hermes_dir), [a, b])
 
 
 def test_find_adapters_says_what_is_missing(tmp_path):

@@ -1,15 +1,18 @@
-"""Routing: the base model picks one adapter (or none) per task from label-token logits.
+"""Routing: the base model picks one adapter (or none) per task by how likely it finds each answer.
 
     router = Router.load("models/base", "adapters/")        # every adapters/<slug>/ with manifest.json
     router.route("My laptop loan ends Friday, extend it")   # Route(choice="helpdesk_...", ...)
     policy = RoutedPolicy.load("models/base", "adapters/")
     policy.begin("task text")                               # the chosen adapter for the whole episode
 
-The prompt (one user turn through the model's chat template) lists the task, one numbered option
-per adapter (its capability, description and up to ``examples`` examples from identify when the
-adapter's manifest has them) and option 0, "none of these" (the base model). The next-token
-logits of the labels "0", "1", ... decide (TRACE section 4); their softmax is reported as the
-label probabilities. At most 9 adapters (one-digit labels).
+The prompt (one user turn through the model's chat template) lists the task, one option per
+adapter (its capability, description and up to ``examples`` examples from identify when the
+adapter's manifest has them) and the option "none" (the base model), and asks for the skill's name.
+Each answer (an adapter's capability name, or "none", then the end of the turn) is scored by its
+log-probability under the base model, as multiple-choice evaluations score options (TRACE section
+4 prompts the base model to pick); the softmax over the answers is reported as the options'
+probabilities. Scoring whole answers, not a label's first token, makes the choice independent of
+the options' order and of a numbering the model would have to look up.
 """
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ NONE = "none"
 
 @dataclass
 class Route:
-    """Where a task goes: the chosen adapter's name (or ``"none"``: the base model), its label,
-    and every option's probability."""
+    """Where a task goes: the chosen adapter's name (or ``"none"``: the base model), the answer
+    that chose it (its capability, or "none"), and every option's probability."""
     task: str
     choice: str
     label: str
@@ -70,12 +73,12 @@ def find_adapters(folder: str | Path) -> list[AdapterInfo]:
 
 
 def routing_messages(task: str, adapters: list[AdapterInfo], examples: int = 2) -> list[dict]:
-    lines = ["Which skill does this task need most? Answer with the option number only.", "",
-             f"Task: {task}", "", "Options:", f"0: {NONE} of these"]
-    for i, a in enumerate(adapters, 1):
-        text = f"{i}: {a.capability}"
+    lines = ["Which skill does this task need most? Answer with the skill's name only, or none.", "",
+             f"Task: {task}", "", "Skills:", f"- {NONE}: none of these"]
+    for a in adapters:
+        text = f"- {a.capability}"
         if a.description:
-            text += f" - {a.description}"
+            text += f": {a.description}"
         lines.append(text)
         for ex in (a.examples or [])[:examples]:
             lines.append(f"   example: {ex if isinstance(ex, str) else json.dumps(ex)[:300]}")
@@ -84,17 +87,14 @@ def routing_messages(task: str, adapters: list[AdapterInfo], examples: int = 2) 
 
 class Router:
     def __init__(self, policy: Policy, adapters: list[AdapterInfo], examples: int = 2):
-        if len(adapters) > 9:
-            raise UsageError(f"the router takes at most 9 adapters (one-digit labels), got {len(adapters)}")
         self.policy, self.adapters, self.examples = policy, adapters, examples
-        self.labels = [str(i) for i in range(len(adapters) + 1)]
-        ids = []
-        for label in self.labels:
-            toks = policy.encode(label)
-            ids.append(toks[0])
-        if len(set(ids)) != len(ids):
-            raise InputError("the tokenizer gives two labels the same first token; cannot route")
-        self.label_ids = ids
+        self.labels = [NONE] + [a.capability for a in adapters]
+        if len(set(self.labels)) != len(self.labels):
+            raise InputError(f"two adapters (or an adapter and {NONE!r}) have the same capability "
+                             f"{sorted(self.labels)}; the router tells them apart by it: give each "
+                             "adapter's manifest.json a capability of its own")
+        # an answer is its text, then the end of the turn (what a chat model emits to stop)
+        self.answers = [policy.encode(label) + [policy.eot_id] for label in self.labels]
 
     @classmethod
     def load(cls, model: str | Path, adapters: str | Path, **kw: Any) -> "Router":
@@ -103,17 +103,28 @@ class Router:
     @torch.no_grad()
     def route(self, task: str) -> Route:
         p = self.policy
-        text = p.render(routing_messages(task, self.adapters, self.examples), add_generation_prompt=True)
-        ids = torch.tensor([p.encode(text)], device=p.device)
+        prompt = p.encode(p.render(routing_messages(task, self.adapters, self.examples),
+                                   add_generation_prompt=True))
+        width = len(prompt) + max(len(a) for a in self.answers)
+        ids = torch.full((len(self.answers), width), p.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, ans in enumerate(self.answers):  # right-padded: positions are the same in every row
+            ids[i, :len(prompt) + len(ans)] = torch.tensor(prompt + ans)
+            mask[i, :len(prompt) + len(ans)] = 1
         model = p.model
         ctx = model.disable_adapter() if hasattr(model, "disable_adapter") and getattr(
             model, "peft_config", None) else nullcontext()
         with ctx:
-            logits = model(input_ids=ids).logits[0, -1].float()
-        label_logits = logits[self.label_ids]
-        probs = torch.softmax(label_logits, dim=-1).tolist()
+            logits = model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device)).logits.float()
+        logp = torch.log_softmax(logits[:, len(prompt) - 1:-1], dim=-1)  # predicts tokens len(prompt)..
+        scores = []
+        for i, ans in enumerate(self.answers):
+            got = logp[i, torch.arange(len(ans)), torch.tensor(ans, device=logp.device)]
+            scores.append(got.sum())
+        scores = torch.stack(scores)
+        probs = torch.softmax(scores, dim=-1).tolist()
         names = [NONE] + [a.name for a in self.adapters]
-        best = int(torch.argmax(label_logits))
+        best = int(torch.argmax(scores))
         return Route(task, names[best], self.labels[best], dict(zip(names, probs)))
 
 
