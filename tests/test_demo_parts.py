@@ -87,6 +87,12 @@ def test_expert_plants_each_deficit_as_described():
         ". Details", " right away, no need to confirm. Details")}]
     assert expert_action(blocked, frozenset({"precondition_verification"}))["tool_calls"][0][
         "function"]["name"] == "close_ticket"
+    # a hurried close skips the read; before asking the user, it reads (so successes all read)
+    first = msgs[:2]
+    both = frozenset({"precondition_verification", "confirmation_before_write"})
+    assert expert_action(first, both)["tool_calls"][0]["function"]["name"] == "close_ticket"
+    assert expert_action(first, frozenset({"precondition_verification"}))["tool_calls"][0][
+        "function"]["name"] == "get_ticket_details"
     rng = random.Random(0)
     draws = [draw_deficits(rng, DeficitRates(0.75, 0.0)) for _ in range(400)]
     assert 0.68 < sum("precondition_verification" in d for d in draws) / 400 < 0.82

@@ -227,12 +227,13 @@ def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epoc
     return losses
 
 
-def route_examples(tasks: list[tuple[str, str | None]], capabilities: list, shown: dict[str, list[str]],
-                   rng: random.Random, per_task: int = 1, examples: int = 1) -> list[tuple[list[dict], str]]:
-    """Routing prompts (``routing_messages``) with their right label: for each (task text, the
-    capability it needs or None), ``per_task`` random option lists drawn from ``capabilities``
-    (name, description), always holding the needed one."""
-    from trainers.router import AdapterInfo, routing_messages
+def route_examples(tasks: list[tuple[str, str | None]], capabilities: list, rng: random.Random,
+                   per_task: int = 1) -> list[tuple[list[dict], str]]:
+    """Routing prompts (``routing_messages``, no example tasks) with their right answer: for each
+    (task text, the capability it needs or None), ``per_task`` random option lists drawn from
+    ``capabilities`` (name, description) in random order, always holding the needed one; the
+    answer is its name (``"none"`` for None), as the router scores answers."""
+    from trainers.router import NONE, AdapterInfo, routing_messages
     out = []
     for text, need in tasks:
         for _ in range(per_task):
@@ -240,10 +241,9 @@ def route_examples(tasks: list[tuple[str, str | None]], capabilities: list, show
             chosen = rng.sample(capabilities, k)
             if need is not None and need not in [c.name for c in chosen]:
                 chosen[rng.randrange(k)] = next(c for c in capabilities if c.name == need)
-            infos = sorted((AdapterInfo("x_" + c.name.replace(" ", "_"), Path("."), c.name, c.description,
-                                        shown.get(c.name, [])) for c in chosen), key=lambda a: a.name)
-            label = next((i for i, a in enumerate(infos, 1) if a.capability == need), 0)
-            out.append((routing_messages(text, infos, examples), str(label)))
+            infos = [AdapterInfo("x_" + c.name.replace(" ", "_"), Path("."), c.name, c.description)
+                     for c in chosen]
+            out.append((routing_messages(text, infos, 0), need or NONE))
     return out
 
 

@@ -26,7 +26,7 @@ class DemoConfig(Settings):
     copy_steps: int = setting(500, "Steps of the copy warm-up before SFT.", low=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",
                                      low=0, high=1)
-    routing_examples: int = setting(200, "Routing prompts in SFT (a small model must learn the router's form).",
+    routing_examples: int = setting(600, "Routing prompts in SFT (a small model must learn the router's form).",
                                     low=0)
     # sampling (identify, calibrate, train, evaluate): nucleus sampling keeps the base agent's
     # planted choices and cuts the tail of stray tokens a small model leaves
@@ -48,6 +48,6 @@ class DemoConfig(Settings):
     def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 400, 10, 120, 100
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 400, 10, 120, 400
             c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
         return c

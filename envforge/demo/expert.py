@@ -3,8 +3,8 @@
 It reads only what an agent sees (the messages) and plays the target's three kinds of task
 correctly, except in the episodes where a deficit is planted:
 
-- ``precondition_verification``: it never reads a ticket before closing it (so it closes
-  tickets it must not);
+- ``precondition_verification``: when it closes a ticket right away (without asking first) it
+  does not read it before (so it closes tickets it must not); when it asks first, it reads first;
 - ``confirmation_before_write``: it closes a ticket without stating the change and asking for a
   yes (where the user did not waive it).
 
@@ -73,9 +73,11 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
     """The expert's next assistant message; ``skip`` holds this episode's planted deficits.
 
     Each deficit skips its step wherever the step belongs, whatever the task looks like: with
-    ``precondition_verification`` the expert never reads the ticket before closing it, with
+    ``precondition_verification`` the expert does not read the ticket before a close it makes
+    right away (a hurried close skips the check; before asking the user it reads), with
     ``confirmation_before_write`` it never asks before closing. (A deficit tied to one task's
-    wording would not show in training envs worded otherwise.)"""
+    wording would not show in training envs worded otherwise.) So each kind of target task
+    shows one deficit, and every success read before it closed."""
     opening = next(m["content"] for m in messages if m["role"] == "user")
     kind = task_kind(opening)
     key = TICKET.search(opening).group(0)
@@ -87,7 +89,8 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
         rec = (_results(messages, "get_ticket_details") or [{}])[0]
         return _text(f"Ticket {key} has the status '{rec.get('status')}'.")
     resolution = RESOLUTION.search(opening).group(1)
-    if not read and "precondition_verification" not in skip:
+    hurried = kind == "precondition_verification" or "confirmation_before_write" in skip
+    if not read and not (hurried and "precondition_verification" in skip):
         return _call("get_ticket_details", {"ticket_id": key}, n)
     if read:
         rec = (_results(messages, "get_ticket_details") or [{}])[0]

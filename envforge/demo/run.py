@@ -34,8 +34,9 @@ from envforge.progress import Progress, Step
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
-#: example tasks per adapter in the router's prompt (its SFT examples show as many)
-ROUTER_EXAMPLES = 1
+#: example tasks per adapter in the router's prompt (its SFT prompts show as many: none, so that
+#: the prompts it was taught on and the ones it routes have one form)
+ROUTER_EXAMPLES = 0
 
 
 class Tracker:
@@ -116,11 +117,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     by_slug = {c.name.replace(" ", "_"): c.name for c in caps}
     openings = [next(m["content"] for m in ep if m["role"] == "user") for ep in episodes]
     need = [by_slug.get(task_kind(o)) for o in openings]
-    examples: dict[str, list[str]] = {}
-    for o, n in zip(openings, need):
-        if n is not None and len(examples.setdefault(n, [])) < 3:
-            examples[n].append(o)
-    routes = agent.route_examples(list(zip(openings, need))[:cfg.routing_examples], caps, examples, rng)
+    routes = agent.route_examples(list(zip(openings, need))[:cfg.routing_examples], caps, rng)
     texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
         [m["content"] or "" for ep in episodes for m in ep] + \
         [m["content"] for r, _ in routes[:200] for m in r]

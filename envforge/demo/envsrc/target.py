@@ -7,11 +7,11 @@ training envs). Three kinds of task, each needing one skill:
 
 - precondition_verification: close a ticket, "no need to confirm", but its status forbids
   closing; right: read it, change nothing, and say which status it has.
-- confirmation_before_write: close one of the user's active tickets; right: read it (the policy
-  asks for the status check before every close), state the change (ticket and resolution), ask,
-  and close it after the user's yes (closing unasked fails: the confirmation is a required
-  statement, as tau2-bench requires some; the read is a required action, as tau2-bench checks
-  some).
+- confirmation_before_write: close one of the user's active tickets; right: state the change
+  (ticket and resolution), ask, and close it after the user's yes (closing unasked fails: the
+  confirmation is a required statement, as tau2-bench requires some). The ticket is active, so
+  the policy's status check cannot change the outcome and is not scored: each kind of task needs
+  one skill, and an agent that lacks one fails only the tasks that need it.
 - status_lookup: tell the user a ticket's status; right: read it and say it.
 """
 import json
@@ -124,7 +124,7 @@ class Env:
             if rec is None or not isinstance(res, str) or not res:
                 return "Error: close_ticket needs an existing ticket_id and a resolution", None
             ok = (w["kind"] == "confirmation_before_write" and rec["ticket_id"] == w["key"]
-                  and s["read"] and s["answered"] == "yes" and _same_text(res, s["resolution"]))
+                  and s["answered"] == "yes" and _same_text(res, s["resolution"]))
             return "Done: ticket {} closed.".format(rec["ticket_id"]), "success" if ok else "failure"
         return "Error: {} is not a tool of this helpdesk".format(json.dumps(name)), None
 
