@@ -49,5 +49,5 @@ class DemoConfig(Settings):
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
             c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 400, 10, 120, 400
-            c.iterations, c.eval_tasks, c.calibration_groups = 12, 200, 2
+            c.iterations, c.eval_tasks, c.calibration_groups = 24, 200, 2
         return c
