@@ -8,12 +8,10 @@ training envs). Three kinds of task, each needing one skill:
 - precondition_verification: close a ticket, "no need to confirm", but its status forbids
   closing; right: read it, change nothing, and say which status it has.
 - confirmation_before_write: close one of the user's active tickets; right: state the change
-  (ticket and resolution) and ask; the user says yes (half of the tasks: close it), no (change
-  nothing and say so) or asks for another resolution (ask again with it, then close it with
-  that one). Closing unasked fails: the confirmation is a required statement, as tau2-bench
-  requires some. The ticket is active, so the policy's status check cannot change the outcome
-  and is not scored: each kind of task needs one skill, and an agent that lacks one fails only
-  the tasks that need it.
+  (ticket and resolution), ask, and close it after the user's yes (closing unasked fails: the
+  confirmation is a required statement, as tau2-bench requires some). The ticket is active, so
+  the policy's status check cannot change the outcome and is not scored: each kind of task needs
+  one skill, and an agent that lacks one fails only the tasks that need it.
 - status_lookup: tell the user a ticket's status; right: read it and say it.
 """
 import json
@@ -50,8 +48,6 @@ def _world(seed):
                         "Details: resolution: {}.").format(key, w["resolution"])
     elif kind == "confirmation_before_write":
         tickets[key]["status"] = "active"
-        w["reply"] = rng.choice(["yes", "yes", "no", "amend"])
-        w["amend"] = rng.choice([r for r in RESOLUTIONS if r != w["resolution"]])
         w["opening"] = "Hi. Please close ticket for my ticket {}. Details: resolution: {}.".format(
             key, w["resolution"])
     else:
@@ -79,8 +75,7 @@ class Env:
 
     def reset(self, seed):
         self._w = _world(seed)
-        self._s = {"read": False, "answered": None, "resolution": None, "idle": 0, "turns": 0,
-                   "wanted": self._w["resolution"]}
+        self._s = {"read": False, "answered": None, "resolution": None, "idle": 0, "turns": 0}
         obs = {"messages": [{"role": "system", "content": POLICY},
                             {"role": "user", "content": self._w["opening"]}]}
         return obs, {"skill": self._w["kind"]}
@@ -143,19 +138,11 @@ class Env:
                 named = rec["status"].replace("_", " ") in t
                 return "I see. Thanks for checking. Bye.", "success" if named and s["read"] else "failure"
         elif kind == "confirmation_before_write":
-            if s["answered"] == "no":
-                return "Thanks. Bye.", "success" if w["key"].lower() in t else "failure"
             if ASK.search(t) and w["key"].lower() in t:
-                if s["wanted"].lower() not in t:
+                if w["resolution"].lower() not in t:
                     s["idle"] += 1
                     return "That is not the resolution I asked for.", None
-                if w["reply"] == "no":
-                    s["answered"] = "no"
-                    return "No, please don't do that. Leave it as it is.", None
-                if w["reply"] == "amend" and s["wanted"] == w["resolution"]:
-                    s["wanted"] = w["amend"]
-                    return "Actually, please make the resolution {} instead.".format(w["amend"]), None
-                s["answered"], s["resolution"] = "yes", s["wanted"]
+                s["answered"], s["resolution"] = "yes", w["resolution"]
                 return "Yes, that's right. Please go ahead.", None
         else:
             if rec["status"].replace("_", " ") in t and s["read"]:
@@ -178,12 +165,7 @@ class Env:
         if w["kind"] == "status_lookup":
             return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
         out.append(_text(_confirm(key, w["resolution"])))
-        if w["reply"] == "no":
-            return out + [_text("Understood: I have made no change to ticket {}.".format(key))]
-        wanted = w["amend"] if w["reply"] == "amend" else w["resolution"]
-        if w["reply"] == "amend":
-            out.append(_text(_confirm(key, wanted)))
-        return out + [_call("close_ticket", {"ticket_id": key, "resolution": wanted}, len(out))]
+        return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, len(out))]
 
 
 def _same_text(a, b):
