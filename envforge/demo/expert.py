@@ -89,7 +89,7 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
         rec = (_results(messages, "get_ticket_details") or [{}])[0]
         return _text(f"Ticket {key} has the status '{rec.get('status')}'.")
     resolution = RESOLUTION.search(opening).group(1)
-    hurried = kind == "precondition_verification" or "confirmation_before_write" in skip
+    hurried = kind == "precondition_verification" or "confirmation_before_write" in skip  # no asking
     if not read and not (hurried and "precondition_verification" in skip):
         return _call("get_ticket_details", {"ticket_id": key}, n)
     if read:
@@ -98,7 +98,7 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
             return _text(f"I'm sorry, but I can't do that: ticket {key} has the status "
                          f"'{rec.get('status')}', and close ticket is only possible when the status "
                          "is 'active'.")
-    if kind == "precondition_verification" or "confirmation_before_write" in skip:
+    if hurried:
         return _call("close_ticket", {"ticket_id": key, "resolution": resolution}, n)
     for m in messages:  # the latest resolution the user asked for
         if m["role"] == "user" and (a := AMEND.search(m["content"])):
