@@ -309,6 +309,25 @@ def test_behaviour_of_a_precondition_env():
                      "type string, got integer."}]
 
 
+@pytest.mark.parametrize("slug", ["confirmation_before_write", "argument_precision", "error_recovery",
+                                  "information_gathering", "action_completion"])
+def test_families_of_other_skills_never_ask_for_a_write_the_status_forbids(slug):
+    """Only the precondition family blocks a write by status: elsewhere the record asked about
+    has a status the write is allowed on, or the env would pay for skipping the status check."""
+    t = load_target("example")
+    family = next(f for f in FAMILIES if f.slug == slug)
+    source, _ = synthesize_template(family.name, family, t)
+    Env = load_env(source)
+    ok = re.search(r"'ok_statuses': (\[[^\]]*\])", source).group(1)
+    for seed in range(40):
+        env = Env()
+        env.reset(seed)
+        keys = [env._sc["key"]] if "key" in env._sc else env._sc.get("keys", [])
+        assert keys, sorted(env._sc)
+        for key in keys:
+            assert env._w["entities"][key]["status"] in eval(ok), (seed, key)  # noqa: S307 - a list literal
+
+
 def test_argument_precision_users_speak_loosely():
     t = load_target("example")
     src, summary = synthesize_template("tool-call argument precision", "argument_precision", t)

@@ -343,9 +343,13 @@ def _skill(rng):
 
 
 def _callers_record(rng, w):
-    """One of the caller's records (any record when the target has no owners): (key, record)."""
+    """One of the caller's records (any record when the target has no owners), with a status the
+    write is allowed on: (key, record). A family that tests another skill must not ask for a write
+    the target's policy forbids (that would teach the agent to skip the precondition check)."""
     mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
     key = rng.choice(mine)
+    if PLAN["ok_statuses"] and w["entities"][key]["status"] not in PLAN["ok_statuses"]:
+        w["entities"][key]["status"] = rng.choice(PLAN["ok_statuses"])
     return key, w["entities"][key]
 
 

@@ -70,12 +70,18 @@ class Env(BaseEnv):
         n = rng.randint(2, min(3, len(mine)))
         keys = rng.sample(mine, n)
         sc = {"skill": skill, "keys": keys}
+        # the records to change have a status the write is allowed on (only the precondition
+        # family asks for a write the status forbids)
         if skill == "all_with_status":
-            status = rng.choice(PLAN["statuses"])
+            status = rng.choice(PLAN["ok_statuses"])
             for k in mine:
                 w["entities"][k]["status"] = status if k in keys else rng.choice(
                     [s for s in PLAN["statuses"] if s != status])
             sc["status"] = status
+        else:
+            for k in keys:
+                if w["entities"][k]["status"] not in PLAN["ok_statuses"]:
+                    w["entities"][k]["status"] = rng.choice(PLAN["ok_statuses"])
         first = _expected(rng, w, w["entities"][keys[0]])
         shared = {p: v for p, v in first.items() if p != KEY and not (OWNER and p == OWNER["param"])}
         sc["args"] = {}
