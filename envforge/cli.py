@@ -616,6 +616,7 @@ threads_option = option(GRPOConfig, "threads")
 @click.option("--out", "-o", "out_dir", default="adapters", show_default=True,
               help="Adapters go to OUT/<env slug>/ (peft safetensors, manifest.json, reward_curve.png).")
 @option(GRPOConfig, "iterations")
+@option(GRPOConfig, "max_rollouts")
 @option(GRPOConfig, "num_groups", "--groups")
 @option(GRPOConfig, "group_size")
 @option(GRPOConfig, "learning_rate", "--lr")

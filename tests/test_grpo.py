@@ -153,6 +153,18 @@ def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
     assert len(again.history) == 4 and (tmp_path / "a" / "checkpoint" / "state.json").is_file()
 
 
+def test_a_rollout_budget_stops_the_run_at_the_iteration_that_reaches_it(hermes_dir, env_dir, tmp_path):
+    # 2 groups x 4 = 8 rollouts an iteration at least (more where constant groups are re-collected)
+    steps = []
+    _, result = _train(hermes_dir, env_dir, tmp_path / "a", 50, config={"max_rollouts": 20},
+                       progress=steps.append)
+    counts = [h["episodes"] for h in result.history]
+    assert sum(counts[:-1]) < 20 <= sum(counts) and len(counts) < 50
+    # progress counts toward the iteration the budget will end at, not the 50 allowed
+    assert steps[-1].done == steps[-1].total == len(counts) and all(s.total < 50 for s in steps)
+    assert result.manifest["iterations"] == len(counts)
+
+
 def test_a_frozen_adapter_is_refused_with_the_fix(hermes_dir, env_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
     get_peft_model(load_policy(hermes_dir).model,

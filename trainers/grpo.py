@@ -28,6 +28,7 @@ exactly what an uninterrupted one does (with one thread on CPU).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 import time
@@ -332,18 +333,36 @@ class GRPOTrainer:
             meta = factory.describe()
             writer = tracker(c.report_to, self.out)
             with ThreadPoolExecutor(max_workers=pool_size) as executor:
-                while self.iteration < c.iterations:
+                while self.iteration < c.iterations and not self.budget_spent():
                     stats = self.iterate(factory, executor)
                     self.history.append(stats.to_dict())
-                    if self.iteration % c.save_every == 0 or self.iteration == c.iterations:
+                    if self.iteration % c.save_every == 0 or self.iteration == c.iterations or \
+                            self.budget_spent():
                         self.save_checkpoint(factory.env_hash)
                     if writer is not None:
                         track(writer, stats)
-                    self._report(Step(str(stats), None, self.iteration, c.iterations, stats))
+                    self._report(Step(str(stats), None, self.iteration, self.expected_iterations(), stats))
             if writer is not None:
                 writer.close()
             manifest = self.save_adapter(factory, meta)
         return TrainResult(self.out, self.history, manifest)
+
+    def expected_iterations(self) -> int:
+        """The run's length in iterations: ``iterations``, or fewer where ``max_rollouts`` will
+        stop it first (estimated from the rollouts per iteration so far), for progress and ETA."""
+        c = self.config
+        if c.max_rollouts is None or not self.history:
+            return c.iterations
+        spent = sum(h["episodes"] for h in self.history)
+        if spent >= c.max_rollouts:
+            return self.iteration
+        left = math.ceil((c.max_rollouts - spent) / (spent / len(self.history)))
+        return min(c.iterations, self.iteration + left)
+
+    def budget_spent(self) -> bool:
+        """Whether ``max_rollouts`` rollouts were collected (never, when it is unset)."""
+        c = self.config
+        return c.max_rollouts is not None and sum(h["episodes"] for h in self.history) >= c.max_rollouts
 
     def _report(self, step: Step) -> None:
         if self.progress is not None:

@@ -29,6 +29,9 @@ class GRPOConfig(Settings):
     group_size: int = setting(4, "Rollouts per seed (paper: K = 4; official code: 16); a group of "
                               "one has no advantage: its reward equals its mean.", low=2)
     iterations: int = setting(40, "Training iterations (paper: 40, i.e. 640 rollouts).", low=1)
+    max_rollouts: int | None = setting(None, "Stop after the iteration that reaches this many "
+                                       "rollouts (a budget for comparing runs; unset: iterations "
+                                       "alone decide).", low=1)
     max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
     max_turns: int | None = setting(None, "Most policy turns per episode (unset: the env's own "
                                     "max_turns).", low=1)
