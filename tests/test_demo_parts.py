@@ -17,6 +17,14 @@ def target(tmp_path_factory):
     return write_target_folder(root / "helpdesk"), write_target(root / "target")
 
 
+def replay(env, seeds, episodes) -> list[float]:
+    scores = []
+    for s, msgs in zip(seeds, episodes):
+        env.reset(seed=s)
+        scores.append(sum(env.step(m)[1] for m in msgs[2:] if m["role"] == "assistant"))
+    return scores
+
+
 def play(factory, seeds, rates, rng):
     from envforge.demo.run import play_expert
     return play_expert(factory, seeds, rates, rng)
@@ -44,6 +52,30 @@ def test_target_passes_static_audit_and_expert_solves_it(target):
             e.close()
     assert kinds == {"precondition_verification", "confirmation_before_write", "status_lookup"}
     assert scores == [1.0] * 30
+
+
+def test_practice_tasks_vary_what_the_target_holds_fixed(tmp_path):
+    """The base agent's practice tasks: waived or not, closable or not, a user who says yes, no
+    or asks for another resolution; the expert solves all of them, and each deficit fails some."""
+    from trainers.rollout import EnvFactory
+    env = write_target(tmp_path / "practice", practice=True)
+    seeds = list(range(120))
+    with EnvFactory(env, size=2, backend="process") as factory:
+        right = play(factory, seeds, DeficitRates(0.0, 0.0), random.Random(0))
+        hurried = play(factory, seeds, DeficitRates(1.0, 1.0), random.Random(0))
+        e = factory.make()
+        try:
+            assert replay(e, seeds, right) == [1.0] * len(seeds)
+            assert 0 < sum(replay(e, seeds, hurried)) < len(seeds) / 2
+        finally:
+            e.close()
+    users = [m["content"] for ep in right for m in ep[3:] if m["role"] == "user"]
+    assert any(u.startswith("No") for u in users) and any("resolution:" in u for u in users)
+    replies = [m["content"] for ep in right for m in ep if m["role"] == "assistant" and m["content"]]
+    assert any("can't" in r for r in replies if "no need to confirm" not in r)
+    openings = [ep[1]["content"] for ep in right]
+    refused = [o for o, ep in zip(openings, right) if "can't" in (ep[-2].get("content") or "")]
+    assert any("no need to confirm" not in o for o in refused)  # a blocked ticket without the waiver
 
 
 def test_planted_deficits_are_what_identify_retains(target):

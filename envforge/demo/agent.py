@@ -56,9 +56,21 @@ POLICY_LINES = [
 ]
 
 
-def policy_variant(rng: random.Random) -> str:
-    """A random selection of ``POLICY_LINES``, in random order, one per line."""
+def policy_variant(rng: random.Random, noise: float = 0.5, distractors: list[str] = ()) -> str:
+    """A random selection of ``POLICY_LINES``, in random order, one per line; with probability
+    ``noise`` a line or two join them that must not change what the agent does: made-up words
+    (the tokenizer has never seen them) or one of ``distractors`` (the demo passes the router's
+    capability lines: a policy may talk about skills without the agent being asked to route)."""
     lines = rng.sample(POLICY_LINES, rng.randint(1, len(POLICY_LINES)))
+    if rng.random() < noise:
+        for _ in range(rng.randint(1, 2)):
+            if distractors and rng.random() < 0.5:
+                line = rng.choice(distractors)
+            else:
+                line = " ".join("".join(rng.choice("bcdfghjklmnpqrstvwxz") + rng.choice("aeiou")
+                                        for _ in range(rng.randint(2, 4)))
+                                for _ in range(rng.randint(3, 12))).capitalize() + "."
+            lines.insert(rng.randint(0, len(lines)), line)
     return "\n".join(("- " if i and rng.random() < 0.5 else "") + x for i, x in enumerate(lines))
 
 

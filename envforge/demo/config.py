@@ -21,7 +21,7 @@ class DemoConfig(Settings):
     hidden: int = setting(128, "Hidden size of the base model.", low=8)
     layers: int = setting(2, "Layers of the base model.", low=1)
     heads: int = setting(4, "Attention heads of the base model.", low=1)
-    deficit_rate: float = setting(0.6, "Per-episode rate of each planted deficit in the demonstrations.",
+    deficit_rate: float = setting(0.75, "Per-episode rate of each planted deficit in the demonstrations.",
                                   low=0, high=1)
     copy_steps: int = setting(500, "Steps of the copy warm-up before SFT.", low=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 TICKET = re.compile(r"\bTCK-\d+\b")
 RESOLUTION = re.compile(r"resolution: (.+?)\.?$")
-AMEND = re.compile(r"make the resolution (.+?) instead")
+AMEND = re.compile(r"resolution: (.+?)\.?$")
 
 
 @dataclass(frozen=True)

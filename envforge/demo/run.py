@@ -12,7 +12,7 @@ Stages (each timed; see docs/demo.md):
 4. synth: ``synthesize_batch`` (template synthesizer) writes one env per retained capability,
    the gate audits each; ``calibrate`` measures the base agent on each accepted env;
 5. train: one LoRA adapter per env with ``GRPOTrainer``; the baseline GRPO-on-the-target gets
-   the same number of iterations in all (so about the same rollouts);
+   as many rollouts as the adapters together (``max_rollouts``);
 6. evaluate on held-out target tasks: base, routed (``RoutedPolicy``), merged
    (``merged_policy``), GRPO on the target, oracle routing (each task kind's own adapter);
 7. report: results.json, figures, one HTML page, a table on stdout.
@@ -108,9 +108,6 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     rates = DeficitRates(cfg.deficit_rate, cfg.deficit_rate)
     seeds = [SFT_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.demonstrations)]
     episodes = play_expert(factory, seeds, rates, rng)
-    for ep in episodes:  # the base agent must not depend on one exact system prompt
-        if rng.random() < cfg.policy_variants:
-            ep[0] = dict(ep[0], content=agent.policy_variant(rng))
     progress.say(f"base: {len(episodes)} expert demonstrations (planted deficit rate {cfg.deficit_rate})")
     # routing prompts: task texts of the target, labelled with the capability their kind needs
     caps = [r.capability for r in STRUCTURAL_RULES]
@@ -120,19 +117,20 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     routes = agent.route_examples(list(zip(openings, need))[:cfg.routing_examples], caps, rng)
     texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
         [m["content"] or "" for ep in episodes for m in ep] + \
-        [m["content"] for r, _ in routes[:200] for m in r]
+        [m["content"] for r, _ in routes[:200] for m in r] + agent.POLICY_LINES
     tokenizer = agent.fit_tokenizer(texts)
+    skill_lines = [f"{c.name}: {c.description}" for c in caps] + [c.description for c in caps]
+    for ep in episodes:  # the base agent must not depend on one exact system prompt
+        if rng.random() < cfg.policy_variants:
+            ep[0] = dict(ep[0], content=agent.policy_variant(rng, distractors=skill_lines))
     model = agent.save_model(out, tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                              seed=cfg.seed)
     fields = {"status": list(STATUSES)}
     agent.word_classes(model, tokenizer, list(fields.values()), seed=cfg.seed)
     policy = Policy(model, tokenizer, family="hermes", name=str(out))
     data = [agent.episode_tokens(policy, ep) for ep in episodes]
-    # routing prompts under the same system prompts as the tasks: which of the two the model is
-    # asked must come from the user's message, not from a system prompt it happens to know
-    data += [agent.prompt_tokens(policy, ([{"role": "system", "content": agent.policy_variant(rng)}]
-                                          if rng.random() < cfg.policy_variants else []) + msgs, label)
-             for msgs, label in routes]
+    # routing prompts as the router sends them: no system prompt (every task has one)
+    data += [agent.prompt_tokens(policy, msgs, label) for msgs, label in routes]
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
@@ -201,27 +199,28 @@ def family_of(name: str) -> str | None:
         return None
 
 
-def grpo_config(cfg: DemoConfig, iterations: int, seed_offset: int = 0):
+def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None):
     from trainers.grpo_config import GRPOConfig
-    return GRPOConfig(iterations=iterations, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
+    return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
-                      seed=cfg.seed + seed_offset, threads=cfg.threads, backend=cfg.backend,
+                      seed=cfg.seed, threads=cfg.threads, backend=cfg.backend,
                       temperature=cfg.temperature, top_p=cfg.top_p,
                       pool_size=cfg.pool_size, micro_batch_size=8)
 
 
 def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
-              progress: Tracker, label: str) -> dict:
+              progress: Tracker, label: str, max_rollouts: int | None = None) -> dict:
     from trainers.grpo import GRPOTrainer
     from trainers.policy import load_policy
-    progress.begin(f"train {label}", f"{iterations} iterations of 4 x 4 rollouts")
+    progress.begin(f"train {label}", f"{max_rollouts} rollouts (iterations of 4 x 4)" if max_rollouts
+                   else f"{iterations} iterations of 4 x 4 rollouts")
 
     def show(step):
         if step.record is not None:  # an iteration's statistics (not the step saying it resumed)
             s = step.record
-            progress.step(step.done, iterations, f"iterations, reward {s.reward_mean:.2f}, "
+            progress.step(step.done, step.total, f"iterations, reward {s.reward_mean:.2f}, "
                           f"{s.tokens_per_s:,.0f} tok/s", force=True)
-    trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations), out=out,
+    trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations, max_rollouts), out=out,
                           base_model=str(model_dir), progress=show)
     result = trainer.train()
     return {"iterations": iterations, "rollouts": sum(h["episodes"] for h in result.history),
@@ -290,8 +289,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     model_dir = out / "base_model"
     with EnvFactory(target, size=cfg.pool_size, backend=cfg.backend) as factory:
         # 2. the base agent
-        with timed("base"):
-            results["base_agent"] = make_base(cfg, model_dir, factory, progress)
+        with timed("base"):  # taught on practice tasks, wider than the target's (see envsrc/target.py)
+            practice = write_target(out / "practice", practice=True)
+            with EnvFactory(practice, size=cfg.pool_size, backend=cfg.backend) as practice_factory:
+                results["base_agent"] = make_base(cfg, model_dir, practice_factory, progress)
         base = load_policy(model_dir)
         # 3. identify
         with timed("identify"):
@@ -330,10 +331,13 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
         for i, (cap, env) in enumerate(envs.items()):
             results["training"][cap] = train_one(cfg, model_dir, env, adapters / env.name, cfg.iterations,
                                                  progress, cap)
-        total_iters = cfg.iterations * max(1, len(envs))
-        results["training"]["grpo_target"] = train_one(cfg, model_dir, target, out / "grpo_target",
-                                                       total_iters, progress, "GRPO on the target")
-    rollouts_adapters = sum(v["rollouts"] for k, v in results["training"].items() if k != "grpo_target")
+        # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
+        # dynamic sampling makes an iteration's rollouts vary)
+        rollouts_adapters = sum(v["rollouts"] for v in results["training"].values()) or \
+            cfg.iterations * 16
+        results["training"]["grpo_target"] = train_one(
+            cfg, model_dir, target, out / "grpo_target", 4 * cfg.iterations * max(1, len(envs)),
+            progress, "GRPO on the target", max_rollouts=rollouts_adapters)
     results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
                                       "oracle": rollouts_adapters,
                                       "grpo_target": results["training"]["grpo_target"]["rollouts"],
@@ -397,7 +401,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
 
 def clean(out: Path) -> None:
     """Remove what a previous demo run left in ``out`` (the demo always starts afresh)."""
-    for name in ("helpdesk", "target", "base_model", "envs", "adapters", "grpo_target", "trajectories.jsonl",
+    for name in ("helpdesk", "target", "practice", "base_model", "envs", "adapters", "grpo_target", "trajectories.jsonl",
                  "capabilities.json", "capabilities.png", "results.json", "report.html", "figures"):
         p = out / name
         if p.is_dir():

@@ -61,20 +61,24 @@ def write_target_folder(folder: Path) -> Path:
     return folder
 
 
-def render_target() -> str:
-    """The target env's source, its ``TOOLS`` and ``POLICY`` those of the demo's target."""
+def render_target(practice: bool = False) -> str:
+    """The target env's source, its ``TOOLS`` and ``POLICY`` those of the demo's target;
+    ``practice``: the base agent's practice tasks (see the env's docstring)."""
     text = SOURCE.read_text(encoding="utf-8")
-    for marker, value in (("TOOLS = []", target_tools()), ('POLICY = ""', POLICY)):
+    for marker, value in (("TOOLS = []", target_tools()), ('POLICY = ""', POLICY),
+                          ("PRACTICE = False", practice)):
         assert marker in text, marker
         text = text.replace(marker, marker.split(" = ")[0] + " = " + pprint.pformat(
             value, width=100, sort_dicts=False), 1)
     return text
 
 
-def write_target(folder: Path) -> Path:
+def write_target(folder: Path, practice: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "env.py").write_text(render_target(), encoding="utf-8")
+    (folder / "env.py").write_text(render_target(practice), encoding="utf-8")
+    note = ("the base agent's practice tasks (demonstrations only)" if practice else
+            "binary-reward target benchmark of envforge demo; not a training env")
     (folder / "manifest.json").write_text(json.dumps(
         {"capability": "helpdesk target benchmark", "target": "helpdesk", "synthesizer": "demo",
-         "note": "binary-reward target benchmark of envforge demo; not a training env"}, indent=2))
+         "note": note}, indent=2))
     return folder

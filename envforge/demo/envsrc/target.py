@@ -13,6 +13,12 @@ training envs). Three kinds of task, each needing one skill:
   the policy's status check cannot change the outcome and is not scored: each kind of task needs
   one skill, and an agent that lacks one fails only the tasks that need it.
 - status_lookup: tell the user a ticket's status; right: read it and say it.
+
+With ``PRACTICE = True`` (the demo's base agent is taught on it, never scored on it) the close
+requests vary as a helpdesk's do: the user may or may not waive the confirmation, the ticket may
+or may not be closable, and asked to confirm, the user says yes, no, or asks for another
+resolution. Right: read first; refuse a ticket that cannot be closed, naming its status; close a
+waived one; else ask, and close with the confirmed resolution after a yes (no change after a no).
 """
 import json
 import random
@@ -22,6 +28,7 @@ CAPABILITY = "helpdesk target benchmark"
 SKILLS = {"confirmation_before_write": 0.35, "precondition_verification": 0.35, "status_lookup": 0.3}
 TOOLS = []  # rendered: the demo target's schemas
 POLICY = ""  # rendered: the demo target's policy
+PRACTICE = False  # rendered: True for the base agent's practice tasks
 THINGS = ["red desk lamp", "black rain jacket", "pink phone case", "blue garden hose",
           "white coffee grinder", "silver bike lock", "purple yoga mat", "yellow beach towel"]
 RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlier ticket",
@@ -29,6 +36,9 @@ RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlie
 BLOCKED = ["closed", "cancelled", "on_hold", "expired"]
 STATUSES = ["active"] + BLOCKED
 REFUSE = re.compile(r"\b(cannot|can't|can not|unable|not able|not possible|not allowed|sorry)\b")
+NO = ["No, please leave it open.", "No, don't close it. Leave it as it is.", "No, thanks. Leave it."]
+AMEND = ["Actually, please use the resolution: {}.", "Close it, but with the resolution: {}.",
+         "Almost: make the resolution: {}."]
 ASK = re.compile(r"\?|\bconfirm\b|\bproceed\b")
 MAX_IDLE = 3
 
@@ -52,6 +62,15 @@ def _world(seed):
             key, w["resolution"])
     else:
         w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
+    if PRACTICE and kind != "status_lookup":
+        w["waived"] = rng.random() < 0.5
+        w["kind"] = "precondition_verification" if w["waived"] else "confirmation_before_write"
+        tickets[key]["status"] = rng.choice(["active"] * len(BLOCKED) + BLOCKED)
+        w["answer"] = rng.choices(["yes", "no", "amend"], weights=[2, 1, 1])[0]
+        w["amend"] = rng.choice([r for r in RESOLUTIONS if r != w["resolution"]])
+        w["no_text"], w["amend_text"] = rng.choice(NO), rng.choice(AMEND).format(w["amend"])
+        w["opening"] = "Hi. Please close ticket for my ticket {}{}. Details: resolution: {}.".format(
+            key, " right away, no need to confirm" if w["waived"] else "", w["resolution"])
     return w
 
 
@@ -125,6 +144,10 @@ class Env:
                 return "Error: close_ticket needs an existing ticket_id and a resolution", None
             ok = (w["kind"] == "confirmation_before_write" and rec["ticket_id"] == w["key"]
                   and s["answered"] == "yes" and _same_text(res, s["resolution"]))
+            if PRACTICE and w["kind"] != "status_lookup":
+                ok = (rec["ticket_id"] == w["key"] and rec["status"] == "active" and s["read"] and
+                      (s["answered"] == "yes" or w["waived"] and s["answered"] is None) and
+                      _same_text(res, s["resolution"] or w["resolution"]))
             return "Done: ticket {} closed.".format(rec["ticket_id"]), "success" if ok else "failure"
         return "Error: {} is not a tool of this helpdesk".format(json.dumps(name)), None
 
@@ -133,6 +156,8 @@ class Env:
         w, s = self._w, self._s
         t = " ".join(text.lower().replace("_", " ").split())
         kind, rec = w["kind"], w["tickets"][w["key"]]
+        if PRACTICE and kind != "status_lookup":
+            return self._practice_user(t, rec)
         if kind == "precondition_verification":
             if REFUSE.search(t):
                 named = rec["status"].replace("_", " ") in t
@@ -149,6 +174,31 @@ class Env:
                 return "Thanks, that's what I needed. Bye.", "success"
             if any(x.replace("_", " ") in t for x in STATUSES):
                 return "Hmm, OK. Bye.", "failure"
+        s["idle"] += 1
+        if s["idle"] >= MAX_IDLE:
+            return "I give up. Bye.", "failure"
+        return "Could you please help with my request?", None
+
+    def _practice_user(self, t, rec):
+        w, s = self._w, self._s
+        if s["answered"] == "no":
+            return "Thanks. Bye.", "success"
+        if REFUSE.search(t) and not ASK.search(t):
+            right = rec["status"] != "active" and rec["status"].replace("_", " ") in t and s["read"]
+            return "I see. Thanks for checking. Bye.", "success" if right else "failure"
+        if ASK.search(t) and w["key"].lower() in t:
+            wanted = s["resolution"] or w["resolution"]
+            if wanted.lower() not in t:
+                s["idle"] += 1
+                return "That is not the resolution I asked for.", None
+            if w["answer"] == "no" and not w["waived"]:
+                s["answered"] = "no"
+                return w["no_text"], None
+            if w["answer"] == "amend" and not w["waived"] and s["resolution"] is None:
+                s["resolution"] = w["amend"]
+                return w["amend_text"], None
+            s["answered"], s["resolution"] = "yes", wanted
+            return "Yes, that's right. Please go ahead.", None
         s["idle"] += 1
         if s["idle"] >= MAX_IDLE:
             return "I give up. Bye.", "failure"
