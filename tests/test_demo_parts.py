@@ -66,6 +66,8 @@ def test_practice_tasks_vary_what_the_target_holds_fixed(tmp_path):
         e = factory.make()
         try:
             assert replay(e, seeds, right) == [1.0] * len(seeds)
+            solved = [[{}, {}] + e.solve(s) for s in seeds]  # the env's own reference solution
+            assert replay(e, seeds, solved) == [1.0] * len(seeds)
             assert 0 < sum(replay(e, seeds, hurried)) < len(seeds) / 2
         finally:
             e.close()

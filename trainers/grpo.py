@@ -356,8 +356,12 @@ class GRPOTrainer:
         spent = sum(h["episodes"] for h in self.history)
         if spent >= c.max_rollouts:
             return self.iteration
-        left = math.ceil((c.max_rollouts - spent) / (spent / len(self.history)))
-        return min(c.iterations, self.iteration + left)
+        # estimated once, and again only when the run outlasts the estimate: a total that moved
+        # every iteration would restart the display's count (and its ETA) every time
+        if getattr(self, "_expected", 0) <= self.iteration:
+            left = math.ceil((c.max_rollouts - spent) / (spent / len(self.history)))
+            self._expected = min(c.iterations, self.iteration + max(1, left))
+        return self._expected
 
     def budget_spent(self) -> bool:
         """Whether ``max_rollouts`` rollouts were collected (never, when it is unset)."""

@@ -333,11 +333,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
                                                  progress, cap)
         # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
         # dynamic sampling makes an iteration's rollouts vary)
-        rollouts_adapters = sum(v["rollouts"] for v in results["training"].values()) or \
-            cfg.iterations * 16
+        rollouts_adapters = sum(v["rollouts"] for v in results["training"].values())
         results["training"]["grpo_target"] = train_one(
             cfg, model_dir, target, out / "grpo_target", 4 * cfg.iterations * max(1, len(envs)),
-            progress, "GRPO on the target", max_rollouts=rollouts_adapters)
+            progress, "GRPO on the target", max_rollouts=rollouts_adapters or cfg.iterations * 16)
     results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
                                       "oracle": rollouts_adapters,
                                       "grpo_target": results["training"]["grpo_target"]["rollouts"],

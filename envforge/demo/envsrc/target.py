@@ -181,8 +181,8 @@ class Env:
 
     def _practice_user(self, t, rec):
         w, s = self._w, self._s
-        if s["answered"] == "no":
-            return "Thanks. Bye.", "success"
+        if s["answered"] == "no":  # right after a no: nothing changed, the ticket was read and closable
+            return "Thanks. Bye.", "success" if s["read"] and rec["status"] == "active" else "failure"
         if REFUSE.search(t) and not ASK.search(t):
             right = rec["status"] != "active" and rec["status"].replace("_", " ") in t and s["read"]
             return "I see. Thanks for checking. Bye.", "success" if right else "failure"
@@ -208,7 +208,17 @@ class Env:
         w = _world(seed)
         key, rec = w["key"], w["tickets"][w["key"]]
         out = [_call("get_ticket_details", {"ticket_id": key}, 0)]
-        if w["kind"] == "precondition_verification":
+        if PRACTICE and w["kind"] != "status_lookup" and rec["status"] == "active":
+            if w["waived"]:
+                return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, 1)]
+            out.append(_text(_confirm(key, w["resolution"])))
+            if w["answer"] == "no":
+                return out + [_text("Understood: I have made no change to ticket {}.".format(key))]
+            resolution = w["amend"] if w["answer"] == "amend" else w["resolution"]
+            if w["answer"] == "amend":
+                out.append(_text(_confirm(key, resolution)))
+            return out + [_call("close_ticket", {"ticket_id": key, "resolution": resolution}, len(out))]
+        if w["kind"] == "precondition_verification" or PRACTICE and w["kind"] != "status_lookup":
             return out + [_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
                                 "close ticket is only possible when the status is 'active'.".format(
                                     key, rec["status"]))]
