@@ -190,6 +190,7 @@ class GRPOTrainer:
                                            weight_decay=self.config.weight_decay)
         self.iteration, self.env_seed_counter = 0, 0
         self.history: list[dict] = []
+        self._expected = 0  # expected_iterations' estimate under max_rollouts
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, env_hash: str) -> Path:
@@ -327,7 +328,7 @@ class GRPOTrainer:
                         executor=self.executor) as factory:
             if self.resume and self.load_checkpoint(factory.env_hash):
                 self._report(Step(f"resumed at iteration {self.iteration}", None, self.iteration,
-                                  c.iterations))
+                                  self.expected_iterations()))
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
             meta = factory.describe()
@@ -358,7 +359,7 @@ class GRPOTrainer:
             return self.iteration
         # estimated once, and again only when the run outlasts the estimate: a total that moved
         # every iteration would restart the display's count (and its ETA) every time
-        if getattr(self, "_expected", 0) <= self.iteration:
+        if self._expected <= self.iteration:
             left = math.ceil((c.max_rollouts - spent) / (spent / len(self.history)))
             self._expected = min(c.iterations, self.iteration + max(1, left))
         return self._expected

@@ -201,7 +201,8 @@ def family_of(name: str) -> str | None:
 
 def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None):
     from trainers.grpo_config import GRPOConfig
-    return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr, lora_rank=cfg.lora_rank,
+    return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr,
+                      lora_rank=cfg.lora_rank,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed, threads=cfg.threads, backend=cfg.backend,
                       temperature=cfg.temperature, top_p=cfg.top_p,

@@ -43,6 +43,11 @@ ASK = re.compile(r"\?|\bconfirm\b|\bproceed\b")
 MAX_IDLE = 3
 
 
+def _close_request(key, resolution, waived):
+    return "Hi. Please close ticket for my ticket {}{}. Details: resolution: {}.".format(
+        key, " right away, no need to confirm" if waived else "", resolution)
+
+
 def _world(seed):
     rng = random.Random(seed)
     kind = rng.choices(sorted(SKILLS), weights=[SKILLS[k] for k in sorted(SKILLS)])[0]
@@ -54,12 +59,10 @@ def _world(seed):
     w = {"kind": kind, "tickets": tickets, "key": key, "resolution": rng.choice(RESOLUTIONS)}
     if kind == "precondition_verification":
         tickets[key]["status"] = rng.choice(BLOCKED)
-        w["opening"] = ("Hi. Please close ticket for my ticket {} right away, no need to confirm. "
-                        "Details: resolution: {}.").format(key, w["resolution"])
+        w["opening"] = _close_request(key, w["resolution"], waived=True)
     elif kind == "confirmation_before_write":
         tickets[key]["status"] = "active"
-        w["opening"] = "Hi. Please close ticket for my ticket {}. Details: resolution: {}.".format(
-            key, w["resolution"])
+        w["opening"] = _close_request(key, w["resolution"], waived=False)
     else:
         w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
     if PRACTICE and kind != "status_lookup":
@@ -69,8 +72,7 @@ def _world(seed):
         w["answer"] = rng.choices(["yes", "no", "amend"], weights=[2, 1, 1])[0]
         w["amend"] = rng.choice([r for r in RESOLUTIONS if r != w["resolution"]])
         w["no_text"], w["amend_text"] = rng.choice(NO), rng.choice(AMEND).format(w["amend"])
-        w["opening"] = "Hi. Please close ticket for my ticket {}{}. Details: resolution: {}.".format(
-            key, " right away, no need to confirm" if w["waived"] else "", w["resolution"])
+        w["opening"] = _close_request(key, w["resolution"], w["waived"])
     return w
 
 
