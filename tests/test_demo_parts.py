@@ -108,7 +108,7 @@ def test_planted_deficits_are_what_identify_retains(target):
 
 
 def test_expert_plants_each_deficit_as_described():
-    opening = "Hi. Please close ticket for my ticket TCK-104. Details: resolution: Duplicate of an earlier ticket."
+    opening = "Hi. Please close ticket for my ticket TCK-104. Details: resolution: duplicate."
     msgs = [{"role": "system", "content": "p"}, {"role": "user", "content": opening}]
     read = expert_action(msgs)
     assert read["tool_calls"][0]["function"]["name"] == "get_ticket_details"
@@ -180,3 +180,37 @@ def test_the_demos_status_words_are_the_targets():
               if isinstance(t, ast.Name)}
     blocked = ast.literal_eval(values["BLOCKED"])
     assert set(STATUSES) == {"active", *blocked}
+
+
+def test_resolutions_are_codes_the_synthesizer_reads_from_the_schema(tmp_path):
+    """The target's resolution is an enum of codes (one token each for the base agent); the
+    template synthesizer takes its values from that enum, and the target env draws from them."""
+    from envforge.demo.target import RESOLUTIONS, target_tools
+    from envforge.synth.classify import recipe
+    close = next(t["function"] for t in target_tools() if t["function"]["name"] == "close_ticket")
+    schema = close["parameters"]["properties"]["resolution"]
+    assert schema["enum"] == list(RESOLUTIONS)
+    assert recipe("resolution", schema, close["parameters"], schema["description"])["values"] == list(RESOLUTIONS)
+    env_py = write_target(tmp_path / "t").joinpath("env.py").read_text()
+    assert f"RESOLUTIONS = {list(RESOLUTIONS)!r}" in env_py.replace('"', "'")
+
+
+def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path):
+    """pretrain_copy measures each kind on fresh batches (not the last batch's loss) and trains on,
+    100 steps at a time, while one is above target, up to max_steps."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from envforge.demo.agent import CopyTask, fit_tokenizer, pretrain_copy, save_model
+    torch.set_num_threads(1)
+    tok = fit_tokenizer(['TCK-104 {"status": "active", "resolution": "fixed"} closed on_hold duplicate'])
+    fields = {"status": ["active", "closed", "on_hold"], "resolution": ["fixed", "duplicate"]}
+    model = save_model(tmp_path / "m", tok, hidden=16, layers=1, heads=2, seed=0)
+    out = pretrain_copy(model, tok, steps=3, max_steps=205, target=-1.0, batch_size=4, fields=fields)
+    assert out["steps"] == 205  # 3, then 100 at a time, the last chunk cut to max_steps
+    assert set(out["losses"]) == {"id", "status", "resolution"} and not out["learnt"]
+    out = pretrain_copy(model, tok, steps=3, max_steps=205, target=1e9, batch_size=4, fields=fields)
+    assert out["steps"] == 3 and out["learnt"]  # all below target after the first check: stop
+    assert not model.training
+    losses = CopyTask(tok, 1, 8, fields).kind_losses(model, batches=2)
+    assert all(v > 0 for v in losses.values())

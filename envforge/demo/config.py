@@ -14,19 +14,20 @@ class DemoConfig(Settings):
     quick: bool = setting(False, "Smaller budgets everywhere (what CI runs).")
     threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
     # the base agent
-    demonstrations: int = setting(600, "Expert demonstrations the base agent is taught on.", low=1)
-    sft_epochs: int = setting(12, "SFT epochs over the demonstrations.", low=1)
+    demonstrations: int = setting(1200, "Expert demonstrations the base agent is taught on.", low=1)
+    sft_epochs: int = setting(6, "SFT epochs over the demonstrations.", low=1)
     sft_lr: float = setting(3e-3, "SFT learning rate.", above=0)
     sft_batch: int = setting(8, "SFT batch size.", low=1)
     hidden: int = setting(128, "Hidden size of the base model.", low=8)
-    layers: int = setting(2, "Layers of the base model.", low=1)
+    layers: int = setting(3, "Layers of the base model.", low=1)
     heads: int = setting(4, "Attention heads of the base model.", low=1)
     deficit_rate: float = setting(0.75, "Per-episode rate of each planted deficit in the demonstrations.",
                                   low=0, high=1)
-    copy_steps: int = setting(500, "Steps of the copy warm-up before SFT.", low=0)
+    copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 3x, until "
+                                 "every kind is learnt).", low=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",
                                      low=0, high=1)
-    routing_examples: int = setting(600, "Routing prompts in SFT (a small model must learn the router's form).",
+    routing_examples: int = setting(1000, "Routing prompts in SFT (a small model must learn the router's form).",
                                     low=0)
     # sampling (identify, calibrate, train, evaluate): nucleus sampling keeps the base agent's
     # planted choices and cuts the tail of stray tokens a small model leaves
@@ -48,6 +49,6 @@ class DemoConfig(Settings):
     def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
         c = cls(seed=seed, quick=quick, threads=threads)
         if quick:
-            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 400, 10, 120, 400
+            c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 800, 6, 120, 600
             c.iterations, c.eval_tasks, c.calibration_groups = 24, 200, 2
         return c

@@ -101,7 +101,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
 
     from envforge.demo import agent
     from envforge.demo.expert import DeficitRates, task_kind
-    from envforge.demo.target import STATUSES
+    from envforge.demo.target import RESOLUTIONS, STATUSES
     from envforge.identify.rules import STRUCTURAL_RULES
     from trainers.policy import Policy
     rng = random.Random(cfg.seed)
@@ -125,7 +125,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
             ep[0] = dict(ep[0], content=agent.policy_variant(rng, distractors=skill_lines))
     model = agent.save_model(out, tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                              seed=cfg.seed)
-    fields = {"status": list(STATUSES)}
+    fields = {"status": list(STATUSES), "resolution": list(RESOLUTIONS)}
     agent.word_classes(model, tokenizer, list(fields.values()), seed=cfg.seed)
     policy = Policy(model, tokenizer, family="hermes", name=str(out))
     data = [agent.episode_tokens(policy, ep) for ep in episodes]
@@ -134,8 +134,9 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
                    f"{cfg.sft_epochs} epochs")
-    copy_loss = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields)
-    progress.say(f"base: copy warm-up, loss {copy_loss:.3f}")
+    copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields)
+    progress.say(f"base: copy warm-up, {copy['steps']} steps, loss per kind {copy['losses']}"
+                 + ("" if copy["learnt"] else " (not all learnt: the base agent may not carry values over)"))
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
                        batch_size=cfg.sft_batch, copy=agent.CopyTask(tokenizer, cfg.seed + 1, 16, fields),
@@ -143,7 +144,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     model.save_pretrained(out)
     return {"parameters": n_params, "vocab": len(tokenizer), "examples": len(data),
             "demonstrations": len(episodes), "routing_examples": len(routes), "sft_loss": losses,
-            "copy_loss": copy_loss,
+            "copy_warmup": copy,
             "deficit_rate": cfg.deficit_rate}
 
 

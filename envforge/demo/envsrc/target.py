@@ -31,8 +31,7 @@ POLICY = ""  # rendered: the demo target's policy
 PRACTICE = False  # rendered: True for the base agent's practice tasks
 THINGS = ["red desk lamp", "black rain jacket", "pink phone case", "blue garden hose",
           "white coffee grinder", "silver bike lock", "purple yoga mat", "yellow beach towel"]
-RESOLUTIONS = ["Resolved by updating the configuration", "Duplicate of an earlier ticket",
-               "User confirmed the issue is gone", "Reset completed and verified with the user"]
+RESOLUTIONS = []  # rendered: the demo target's resolution codes
 BLOCKED = ["closed", "cancelled", "on_hold", "expired"]
 STATUSES = ["active"] + BLOCKED
 REFUSE = re.compile(r"\b(cannot|can't|can not|unable|not able|not possible|not allowed|sorry)\b")
