@@ -52,10 +52,10 @@ def test_quick_demo_writes_every_result(demo_run):
     assert "routed (TRACE)" in proc.stdout and "routing accuracy" in proc.stdout
 
 
-@pytest.mark.xfail(strict=False, reason="not reached yet: at --quick identify retains the planted two, "
-                   "routing is right (accuracy 1.0) and routed beats the base by +0.225 (0.630 vs 0.405, "
-                   "merged 0.600), but the base's runs are sensitive to small changes of its warm-up and "
-                   "no method solves the confirmation tasks yet; see docs/demo.md, 'Status'")
+@pytest.mark.xfail(strict=False, reason="not reached on every seed yet: at --quick seed 0 identify "
+                   "retains the planted two and routed beats the base by +0.28, but seeds 1 and 2 show "
+                   "how much one base agent differs from the next (identify missed or added one; routing "
+                   "0.64 on seed 1); see docs/demo.md, 'Status'")
 def test_quick_demo_makes_the_agent_better(demo_run):
     out, _ = demo_run
     r = json.loads((out / "results.json").read_text())

@@ -185,32 +185,66 @@ def test_the_demos_status_words_are_the_targets():
 def test_resolutions_are_codes_the_synthesizer_reads_from_the_schema(tmp_path):
     """The target's resolution is an enum of codes (one token each for the base agent); the
     template synthesizer takes its values from that enum, and the target env draws from them."""
+    import importlib.util
+
     from envforge.demo.target import RESOLUTIONS, target_tools
     from envforge.synth.classify import recipe
     close = next(t["function"] for t in target_tools() if t["function"]["name"] == "close_ticket")
     schema = close["parameters"]["properties"]["resolution"]
     assert schema["enum"] == list(RESOLUTIONS)
     assert recipe("resolution", schema, close["parameters"], schema["description"])["values"] == list(RESOLUTIONS)
-    env_py = write_target(tmp_path / "t").joinpath("env.py").read_text()
-    assert f"RESOLUTIONS = {list(RESOLUTIONS)!r}" in env_py.replace('"', "'")
+    spec = importlib.util.spec_from_file_location("demo_target_env", write_target(tmp_path / "t") / "env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # trusted: the demo's own target (the test reads its tasks)
+    named = {next(r for r in RESOLUTIONS if f"resolution: {r}." in mod.Env().reset(s)[0]["messages"][1]["content"])
+             for s in range(60) if "close" in mod.Env().reset(s)[0]["messages"][1]["content"]}
+    assert named == set(RESOLUTIONS)
 
 
-def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path):
+def test_a_confirmation_naming_every_code_is_not_one(tmp_path):
+    """The confirmation the target requires names the user's code and no other one."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo_target_env2", write_target(tmp_path / "t") / "env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seed = next(s for s in range(100) if mod._world(s)["kind"] == "confirmation_before_write")
+    w = mod._world(seed)
+    env = mod.Env()
+    env.reset(seed)
+    every = "Close ticket {} with {}?".format(w["key"], " or ".join(mod.RESOLUTIONS))
+    obs, *_ = env.step({"role": "assistant", "content": every})
+    assert obs["messages"][0]["content"] == "That is not the resolution I asked for."
+    obs, *_ = env.step({"role": "assistant", "content": "Close ticket {} with {}?".format(w["key"], w["resolution"])})
+    assert obs["messages"][0]["content"].startswith("Yes")
+
+
+def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path, monkeypatch):
     """pretrain_copy measures each kind on fresh batches (not the last batch's loss) and trains on,
     100 steps at a time, while one is above target, up to max_steps."""
     pytest.importorskip("transformers")
     import torch
 
-    from envforge.demo.agent import CopyTask, fit_tokenizer, pretrain_copy, save_model
+    from envforge.demo import agent
     torch.set_num_threads(1)
-    tok = fit_tokenizer(['TCK-104 {"status": "active", "resolution": "fixed"} closed on_hold duplicate'])
+    tok = agent.fit_tokenizer(['TCK-104 {"status": "active", "resolution": "fixed"} closed on_hold duplicate'])
     fields = {"status": ["active", "closed", "on_hold"], "resolution": ["fixed", "duplicate"]}
-    model = save_model(tmp_path / "m", tok, hidden=16, layers=1, heads=2, seed=0)
-    out = pretrain_copy(model, tok, steps=3, max_steps=205, target=-1.0, batch_size=4, fields=fields)
-    assert out["steps"] == 205  # 3, then 100 at a time, the last chunk cut to max_steps
+    model = agent.save_model(tmp_path / "m", tok, hidden=16, layers=1, heads=2, seed=0)
+    checks, real = [], agent.CopyTask.kind_losses
+
+    def counted(self, m, batches=4):
+        checks.append(self.turn)
+        return real(self, m, batches)
+    monkeypatch.setattr(agent.CopyTask, "kind_losses", counted)
+    out = agent.pretrain_copy(model, tok, steps=3, max_steps=205, target=-1.0, batch_size=4, fields=fields)
+    assert out["steps"] == 205 and len(checks) == 4  # after 3, 103, 203 and 205 steps
     assert set(out["losses"]) == {"id", "status", "resolution"} and not out["learnt"]
-    out = pretrain_copy(model, tok, steps=3, max_steps=205, target=1e9, batch_size=4, fields=fields)
-    assert out["steps"] == 3 and out["learnt"]  # all below target after the first check: stop
+    checks.clear()
+    out = agent.pretrain_copy(model, tok, steps=3, max_steps=205, target=1e9, batch_size=4, fields=fields)
+    assert out["steps"] == 3 and out["learnt"] and len(checks) == 1  # all below target: stop
     assert not model.training
-    losses = CopyTask(tok, 1, 8, fields).kind_losses(model, batches=2)
-    assert all(v > 0 for v in losses.values())
+    out = agent.pretrain_copy(model, tok, steps=0, max_steps=100, target=-1.0, batch_size=4, fields=fields)
+    assert out["steps"] == 100  # no first chunk, then on until max_steps
+    task = agent.CopyTask(tok, 1, 8, fields)
+    model.train()
+    losses = real(task, model, batches=2)
+    assert model.training and task.turn == 0 and set(losses) == {"id", "status", "resolution"}

@@ -13,7 +13,7 @@ The JSON glue of a tool call is a few added tokens, so a call is a short token s
 
 Before SFT the model gets what pretraining gives a real one: word classes in its embeddings
 (``word_classes``) and a copy warm-up (``CopyTask``, ``pretrain_copy``), so it can carry an id
-from the user's message into a call and a status from a record into a reply. The chat template
+or a resolution code from the user's message into a call and a status from a record into a reply. The chat template
 is ``trainers.templates.HERMES_COMPACT`` (hermes calls; no tool list in the prompt: the model
 learns its tools here).
 
@@ -128,9 +128,11 @@ def prompt_tokens(policy, messages: list[dict], answer: str) -> tuple[list[int],
 class CopyTask:
     """A synthetic copy task: random words with one key and its value among them, then the key
     again; the loss is on the value. Keys and values come in kinds: ``TCK -`` and a number (an id),
-    plus ``fields`` (a record field's name and its possible values, e.g. ``status`` and the
-    statuses). It teaches what acting on what one read needs (find the key seen earlier, emit its
-    value: an id into a tool call, a status from a record into a reply), which SFT on whole
+    plus ``fields`` (a field's name and its possible values, e.g. ``status`` and the statuses,
+    ``resolution`` and the codes; the key is the name and JSON's ``": "`` both times, so for a
+    code, which the user writes as ``resolution: fixed``, the warm-up teaches the lookup by the
+    value's word class more than by the key). It teaches what acting on what one read needs (find the key seen earlier, emit its
+    value: an id or a code into a tool call, a status from a record into a reply), which SFT on whole
     demonstrations alone does not teach a model this small in minutes. Stands in for the
     pretraining any real base model has had; SFT keeps a copy batch in every step so the skill is
     not forgotten."""
@@ -205,17 +207,18 @@ def pretrain_copy(model, tokenizer, *, steps: int = 500, max_steps: int | None =
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup)))
     max_steps = 3 * steps if max_steps is None else max(steps, max_steps)
     model.train()
-    done, losses = 0, {}
+    done, losses, first = 0, {}, True
     while True:
-        for _ in range(steps if done == 0 else min(100, max_steps - done)):
+        for _ in range(steps if first else min(100, max_steps - done)):
             loss = task.loss(model)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             done += 1
+        first = False
         losses = probe.kind_losses(model)
-        if max(losses.values()) < target or done >= max_steps or steps == 0:
+        if max(losses.values()) < target or done >= max_steps:
             break
     model.eval()
     return {"steps": done, "losses": losses, "learnt": max(losses.values()) < target}

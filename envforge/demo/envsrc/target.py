@@ -165,7 +165,7 @@ class Env:
                 return "I see. Thanks for checking. Bye.", "success" if named and s["read"] else "failure"
         elif kind == "confirmation_before_write":
             if ASK.search(t) and w["key"].lower() in t:
-                if w["resolution"].lower() not in t:
+                if not _names_only(t, w["resolution"]):
                     s["idle"] += 1
                     return "That is not the resolution I asked for.", None
                 s["answered"], s["resolution"] = "yes", w["resolution"]
@@ -189,7 +189,7 @@ class Env:
             return "I see. Thanks for checking. Bye.", "success" if right else "failure"
         if ASK.search(t) and w["key"].lower() in t:
             wanted = s["resolution"] or w["resolution"]
-            if wanted.lower() not in t:
+            if not _names_only(t, wanted):
                 s["idle"] += 1
                 return "That is not the resolution I asked for.", None
             if w["answer"] == "no" and not w["waived"]:
@@ -227,6 +227,12 @@ class Env:
             return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
         out.append(_text(_confirm(key, w["resolution"])))
         return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, len(out))]
+
+
+def _names_only(text, resolution):
+    """The (normalised) text names ``resolution`` and no other resolution code, as whole words."""
+    named = [r for r in RESOLUTIONS if re.search(r"\b{}\b".format(re.escape(r.lower())), text)]
+    return named == [resolution]
 
 
 def _same_text(a, b):
