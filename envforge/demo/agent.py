@@ -13,9 +13,9 @@ The JSON glue of a tool call is a few added tokens, so a call is a short token s
 
 Before SFT the model gets what pretraining gives a real one: word classes in its embeddings
 (``word_classes``) and a copy warm-up (``CopyTask``, ``pretrain_copy``), so it can carry an id
-or a resolution code from the user's message into a call and a status from a record into a reply. The chat template
-is ``trainers.templates.HERMES_COMPACT`` (hermes calls; no tool list in the prompt: the model
-learns its tools here).
+or a resolution code from the user's message into a call and a status from a record into a
+reply. The chat template is ``trainers.templates.HERMES_COMPACT`` (hermes calls; no tool list in
+the prompt: the model learns its tools here).
 
 Routing: a small model does not follow the router's prompt by itself, so SFT also teaches the
 form: prompts built by ``trainers.router.routing_messages`` over random subsets of the structural
@@ -131,9 +131,10 @@ class CopyTask:
     plus ``fields`` (a field's name and its possible values, e.g. ``status`` and the statuses,
     ``resolution`` and the codes; the key is the name and JSON's ``": "`` both times, so for a
     code, which the user writes as ``resolution: fixed``, the warm-up teaches the lookup by the
-    value's word class more than by the key). It teaches what acting on what one read needs (find the key seen earlier, emit its
-    value: an id or a code into a tool call, a status from a record into a reply), which SFT on whole
-    demonstrations alone does not teach a model this small in minutes. Stands in for the
+    value's word class more than by the key). It teaches what acting on what one read needs (find
+    the key seen earlier, emit its value: an id or a code into a tool call, a status from a record
+    into a reply), which SFT on whole demonstrations alone does not teach a model this small in
+    minutes. Stands in for the
     pretraining any real base model has had; SFT keeps a copy batch in every step so the skill is
     not forgotten."""
 

@@ -1,6 +1,6 @@
 """The demo's target: a small helpdesk target folder (``DIR/helpdesk/``: two of the example
-target's tools, with short ticket ids and resolution codes, and a policy) and the target benchmark env
-on it (``envsrc/target.py`` rendered with those schemas, written as ``DIR/target/env.py``).
+target's tools, with short ticket ids and resolution codes, and a policy) and the target benchmark
+env on it (``envsrc/target.py`` rendered with those schemas, written as ``DIR/target/env.py``).
 
 Why not the example target as it is: its ids (``TCK-10482``) are five digits and its resolutions
 free sentences, and a model this small, taught in a few minutes, does not learn to copy digit
@@ -54,8 +54,8 @@ def target_tools() -> list[dict]:
                 p["description"] = re.sub(r"TCK-\d+", "TCK-104", p["description"])
         if "resolution" in t["function"]["parameters"]["properties"]:
             t["function"]["parameters"]["properties"]["resolution"] = {
-                "type": "string", "enum": list(RESOLUTIONS),
-                "description": "The resolution code: " + ", ".join(RESOLUTIONS[:-1]) + " or " + RESOLUTIONS[-1] + "."}
+                "type": "string", "enum": list(RESOLUTIONS), "description": "The resolution code: {} or {}."
+                .format(", ".join(RESOLUTIONS[:-1]), RESOLUTIONS[-1])}
         out.append(t)
     return out
 

@@ -342,14 +342,20 @@ def _skill(rng):
     return rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
 
 
+def _allow_write(rng, rec):
+    """Give ``rec`` a status the write is allowed on, unless it has one. A family that tests another
+    skill must not ask for a write the target's policy forbids (that would teach the agent to skip
+    the precondition check)."""
+    if rec["status"] not in PLAN["ok_statuses"]:
+        rec["status"] = rng.choice(PLAN["ok_statuses"])
+
+
 def _callers_record(rng, w):
     """One of the caller's records (any record when the target has no owners), with a status the
-    write is allowed on: (key, record). A family that tests another skill must not ask for a write
-    the target's policy forbids (that would teach the agent to skip the precondition check)."""
+    write is allowed on (``_allow_write``): (key, record)."""
     mine = [k for k, r in w["entities"].items() if not OWNER or r[OWNER["param"]] == w["caller"]]
     key = rng.choice(mine)
-    if PLAN["ok_statuses"] and w["entities"][key]["status"] not in PLAN["ok_statuses"]:
-        w["entities"][key]["status"] = rng.choice(PLAN["ok_statuses"])
+    _allow_write(rng, w["entities"][key])
     return key, w["entities"][key]
 
 

@@ -64,7 +64,8 @@ def _world(seed):
         w["opening"] = _close_request(key, w["resolution"], waived=False)
     else:
         w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
-    if PRACTICE and kind != "status_lookup":
+    w["practice"] = PRACTICE and kind != "status_lookup"  # a practice close request
+    if w["practice"]:
         w["waived"] = rng.random() < 0.5
         w["kind"] = "precondition_verification" if w["waived"] else "confirmation_before_write"
         tickets[key]["status"] = rng.choice(["active"] * len(BLOCKED) + BLOCKED)
@@ -145,7 +146,7 @@ class Env:
                 return "Error: close_ticket needs an existing ticket_id and a resolution", None
             ok = (w["kind"] == "confirmation_before_write" and rec["ticket_id"] == w["key"]
                   and s["answered"] == "yes" and _same_text(res, s["resolution"]))
-            if PRACTICE and w["kind"] != "status_lookup":
+            if w["practice"]:
                 ok = (rec["ticket_id"] == w["key"] and rec["status"] == "active" and s["read"] and
                       (s["answered"] == "yes" or w["waived"] and s["answered"] is None) and
                       _same_text(res, s["resolution"] or w["resolution"]))
@@ -157,7 +158,7 @@ class Env:
         w, s = self._w, self._s
         t = " ".join(text.lower().replace("_", " ").split())
         kind, rec = w["kind"], w["tickets"][w["key"]]
-        if PRACTICE and kind != "status_lookup":
+        if w["practice"]:
             return self._practice_user(t, rec)
         if kind == "precondition_verification":
             if REFUSE.search(t):
@@ -175,8 +176,11 @@ class Env:
                 return "Thanks, that's what I needed. Bye.", "success"
             if any(x.replace("_", " ") in t for x in STATUSES):
                 return "Hmm, OK. Bye.", "failure"
-        s["idle"] += 1
-        if s["idle"] >= MAX_IDLE:
+        return self._idle()
+
+    def _idle(self):
+        self._s["idle"] += 1
+        if self._s["idle"] >= MAX_IDLE:
             return "I give up. Bye.", "failure"
         return "Could you please help with my request?", None
 
@@ -200,16 +204,13 @@ class Env:
                 return w["amend_text"], None
             s["answered"], s["resolution"] = "yes", wanted
             return "Yes, that's right. Please go ahead.", None
-        s["idle"] += 1
-        if s["idle"] >= MAX_IDLE:
-            return "I give up. Bye.", "failure"
-        return "Could you please help with my request?", None
+        return self._idle()
 
     def solve(self, seed):
         w = _world(seed)
         key, rec = w["key"], w["tickets"][w["key"]]
         out = [_call("get_ticket_details", {"ticket_id": key}, 0)]
-        if PRACTICE and w["kind"] != "status_lookup" and rec["status"] == "active":
+        if w["practice"] and rec["status"] == "active":
             if w["waived"]:
                 return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, 1)]
             out.append(_text(_confirm(key, w["resolution"])))
@@ -219,7 +220,7 @@ class Env:
             if w["answer"] == "amend":
                 out.append(_text(_confirm(key, resolution)))
             return out + [_call("close_ticket", {"ticket_id": key, "resolution": resolution}, len(out))]
-        if w["kind"] == "precondition_verification" or PRACTICE and w["kind"] != "status_lookup":
+        if w["kind"] == "precondition_verification" or w["practice"]:
             return out + [_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
                                 "close ticket is only possible when the status is 'active'.".format(
                                     key, rec["status"]))]

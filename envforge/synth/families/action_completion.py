@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from envforge.synth import classify as C
 from envforge.synth.families import Family, who
-from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, TOOLS, _base_world, _call,
-                                    _details, _expected, _frac, _hello, _identify_calls,
+from envforge.synth.runtime import (BaseEnv, KEY, NOUN, OWNER, PLAN, TOOLS, _allow_write, _base_world,
+                                    _call, _details, _expected, _frac, _hello, _identify_calls,
                                     _read_args, _rng, _skill, _text)
 
 
@@ -80,8 +80,7 @@ class Env(BaseEnv):
             sc["status"] = status
         else:
             for k in keys:
-                if w["entities"][k]["status"] not in PLAN["ok_statuses"]:
-                    w["entities"][k]["status"] = rng.choice(PLAN["ok_statuses"])
+                _allow_write(rng, w["entities"][k])
         first = _expected(rng, w, w["entities"][keys[0]])
         shared = {p: v for p, v in first.items() if p != KEY and not (OWNER and p == OWNER["param"])}
         sc["args"] = {}
