@@ -354,7 +354,7 @@ class GRPOTrainer:
         c = self.config
         if c.max_rollouts is None or not self.history:
             return c.iterations
-        spent = sum(h["episodes"] for h in self.history)
+        spent = self.rollouts_spent()
         if spent >= c.max_rollouts:
             return self.iteration
         # estimated once, and again only when the run outlasts the estimate: a total that moved
@@ -364,10 +364,13 @@ class GRPOTrainer:
             self._expected = min(c.iterations, self.iteration + max(1, left))
         return self._expected
 
+    def rollouts_spent(self) -> int:
+        return sum(h["episodes"] for h in self.history)
+
     def budget_spent(self) -> bool:
         """Whether ``max_rollouts`` rollouts were collected (never, when it is unset)."""
         c = self.config
-        return c.max_rollouts is not None and sum(h["episodes"] for h in self.history) >= c.max_rollouts
+        return c.max_rollouts is not None and self.rollouts_spent() >= c.max_rollouts
 
     def _report(self, step: Step) -> None:
         if self.progress is not None:
