@@ -117,6 +117,7 @@ def test_expert_plants_each_deficit_as_described():
     assert "Shall I proceed?" in expert_action(msgs)["content"]
     skipped = expert_action(msgs, frozenset({"confirmation_before_write"}))
     assert skipped["tool_calls"][0]["function"]["name"] == "close_ticket"
+    assert list(json.loads(skipped["tool_calls"][0]["function"]["arguments"])) == ["resolution", "ticket_id"]
     blocked = [{"role": "system", "content": "p"}, {"role": "user", "content": opening.replace(
         ". Details", " right away, no need to confirm. Details")}]
     assert expert_action(blocked, frozenset({"precondition_verification"}))["tool_calls"][0][
@@ -138,7 +139,8 @@ def test_tokenizer_round_trips_and_an_id_is_one_token():
     from envforge.demo.agent import episode_tokens, fit_tokenizer
     from trainers.policy import Policy
     text = 'Ticket TCK-104 has the status \'on_hold\'.\n  {"ticket_id": "TCK-987"}'
-    tok = fit_tokenizer([text, "Hi. Please close ticket for my ticket"])
+    tok = fit_tokenizer([text, "Hi. Please close ticket for my ticket (close_ticket)"],
+                        ["get_ticket_details", "close_ticket"])
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert tok.convert_ids_to_tokens(tok.encode("TCK-104", add_special_tokens=False)) == ["TCK", "-", "104"]
     call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
@@ -155,6 +157,9 @@ def test_tokenizer_round_trips_and_an_id_is_one_token():
     assert sampled.count("<|im_end|>") == 2 and "tool_response" not in sampled and "Hi." not in sampled
     first_turn = tokens[mask.index(1):mask.index(0, mask.index(1))]
     assert len(first_turn) <= 16  # a tool call is a short token sequence
+    # the tool's name and its arguments' opening are one token: the first argument is chosen there
+    assert 'get_ticket_details", "arguments": {"' in tok.convert_ids_to_tokens(first_turn)
+    assert tok.tokenize("close ticket, close_ticket") == ["close", " ", "ticket", ",", " ", "close_ticket"]
     assert policy.parse(policy.decode(first_turn))["tool_calls"][0]["function"]["arguments"] == '{"ticket_id": "TCK-104"}'
 
 

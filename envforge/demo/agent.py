@@ -74,7 +74,7 @@ def policy_variant(rng: random.Random, noise: float = 0.5, distractors: list[str
     return "\n".join(("- " if i and rng.random() < 0.5 else "") + x for i, x in enumerate(lines))
 
 
-def fit_tokenizer(texts: list[str]):
+def fit_tokenizer(texts: list[str], tools: list[str] = ()):
     """A word-level tokenizer over ``texts`` (see the module docstring)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -86,7 +86,7 @@ def fit_tokenizer(texts: list[str]):
     base = numbers + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["\n", " ", "\n\n", "  "] + \
         "system user assistant tool".split()
     tok.train_from_iterator(base + texts, trainer=trainer)
-    tok.add_tokens(GLUE)
+    tok.add_tokens(GLUE + [f'{name}", "arguments": {{"' for name in tools])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    unk_token="[UNK]", chat_template=HERMES_COMPACT,
                                    clean_up_tokenization_spaces=False)

@@ -42,6 +42,12 @@ def _call(name: str, args: dict, i: int) -> dict:
         {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
 
 
+def _close(key: str, resolution: str, i: int) -> dict:
+    # the resolution first: right after the tool's name, where a small model cannot drop it (with
+    # it after the id, base agents closed without it in 0-100% of their runs, seed to seed)
+    return _call("close_ticket", {"resolution": resolution, "ticket_id": key}, i)
+
+
 def _text(content: str) -> dict:
     return {"role": "assistant", "content": content}
 
@@ -99,13 +105,13 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
                          f"'{rec.get('status')}', and close ticket is only possible when the status "
                          "is 'active'.")
     if hurried:
-        return _call("close_ticket", {"ticket_id": key, "resolution": resolution}, n)
+        return _close(key, resolution, n)
     for m in messages:  # the latest resolution the user asked for
         if m["role"] == "user" and (a := AMEND.search(m["content"])):
             resolution = a.group(1)
     last = messages[-1]
     if last["role"] == "user" and last["content"].startswith("Yes"):
-        return _call("close_ticket", {"ticket_id": key, "resolution": resolution}, n)
+        return _close(key, resolution, n)
     if last["role"] == "user" and last["content"].startswith("No"):
         return _text(f"Understood: I have made no change to ticket {key}.")
     return _text(confirm_text(key, resolution))

@@ -101,7 +101,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
 
     from envforge.demo import agent
     from envforge.demo.expert import DeficitRates, task_kind
-    from envforge.demo.target import RESOLUTIONS, STATUSES
+    from envforge.demo.target import RESOLUTIONS, STATUSES, target_tools
     from envforge.identify.rules import STRUCTURAL_RULES
     from trainers.policy import Policy
     rng = random.Random(cfg.seed)
@@ -118,7 +118,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     texts = [json.dumps(m) for ep in episodes[:100] for m in ep] + \
         [m["content"] or "" for ep in episodes for m in ep] + \
         [m["content"] for r, _ in routes[:200] for m in r] + agent.POLICY_LINES
-    tokenizer = agent.fit_tokenizer(texts)
+    tokenizer = agent.fit_tokenizer(texts, [t["function"]["name"] for t in target_tools()])
     skill_lines = [f"{c.name}: {c.description}" for c in caps] + [c.description for c in caps]
     for ep in episodes:  # the base agent must not depend on one exact system prompt
         if rng.random() < cfg.policy_variants:
