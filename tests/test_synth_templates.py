@@ -309,6 +309,25 @@ def test_behaviour_of_a_precondition_env():
                      "type string, got integer."}]
 
 
+def test_precondition_users_sometimes_urge_the_change_and_the_check_is_owed_all_the_same():
+    """About half the requests press for the change ("right away, no need to check"); a blind
+    write on one of those earns what a blind write earns on a calm one."""
+    from envforge.synth.families.precondition_verification import URGE_WHEN
+    t = load_target("example")
+    Env = load_env(synthesize_template("precondition verification", FAMILIES[0], t)[0])
+    urged, scores = [], {}
+    for seed in range(80):
+        env = Env()
+        opening = env.reset(seed)[0]["messages"][-1]["content"]
+        hurry = any(f"{env._sc['key']} {w}, " in opening for w in URGE_WHEN)
+        urged.append(hurry)
+        if env._sc["blocker"] is None:
+            ref = Env().solve(seed)
+            scores.setdefault(hurry, set()).update({play(Env, seed, ref)[0], play(Env, seed, [ref[-1]])[0]})
+    assert 0.3 < sum(urged) / len(urged) < 0.7
+    assert scores[True] == scores[False] == {1.0, 0.6}
+
+
 @pytest.mark.parametrize("slug", ["confirmation_before_write", "argument_precision", "error_recovery",
                                   "information_gathering", "action_completion"])
 def test_families_of_other_skills_never_ask_for_a_write_the_status_forbids(slug):
