@@ -240,8 +240,11 @@ def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path, monke
         checks.append(self.turn)
         return real(self, m, batches)
     monkeypatch.setattr(agent.CopyTask, "kind_losses", counted)
-    out = agent.pretrain_copy(model, tok, steps=3, max_steps=205, target=-1.0, batch_size=4, fields=fields)
+    seen = []
+    out = agent.pretrain_copy(model, tok, steps=3, max_steps=205, target=-1.0, batch_size=4, fields=fields,
+                              progress=lambda step, total, loss: seen.append((step, total)))
     assert out["steps"] == 205 and len(checks) == 4  # after 3, 103, 203 and 205 steps
+    assert seen[:4] == [(1, 3), (2, 3), (3, 3), (4, 205)] and seen[-1] == (205, 205)  # progress: every step
     assert set(out["losses"]) == {"id", "status", "resolution"} and not out["learnt"]
     checks.clear()
     out = agent.pretrain_copy(model, tok, steps=3, max_steps=205, target=1e9, batch_size=4, fields=fields)

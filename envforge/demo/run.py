@@ -132,9 +132,11 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     # routing prompts as the router sends them: no system prompt (every task has one)
     data += [agent.prompt_tokens(policy, msgs, label) for msgs, label in routes]
     n_params = sum(p.numel() for p in model.parameters())
-    progress.begin("base", f"SFT of a {n_params:,}-parameter model on {len(data)} examples, "
-                   f"{cfg.sft_epochs} epochs")
-    copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields)
+    progress.begin("base", f"copy warm-up of a {n_params:,}-parameter model (at least {cfg.copy_steps} "
+                   "steps, until it is learnt)")
+    copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields,
+                               progress=lambda s, n, loss: progress.step(s, n, f"copy steps, loss {loss:.3f}"))
+    progress.begin("base", f"SFT on {len(data)} examples, {cfg.sft_epochs} epochs")
     progress.say(f"base: copy warm-up, {copy['steps']} steps, loss per kind {copy['losses']}"
                  + ("" if copy["learnt"] else " (not all learnt: the base agent may not carry values over)"))
     torch.manual_seed(cfg.seed)
