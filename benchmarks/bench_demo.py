@@ -3,8 +3,9 @@
     python benchmarks/bench_demo.py                  # 3 seeds, full budgets
     python benchmarks/bench_demo.py --quick --seeds 0
 
-Each seed runs the whole demo (its own folder under --out) in a fresh process, one after the
-other. Prints the per-seed table and the goals, and writes benchmarks/results/demo.json.
+Each seed runs the whole demo (its own folder under --out) in a fresh process, --jobs at a time
+(default 1: one after the other, progress on stderr; more: each seed's progress in
+<out>/seed<N>.log; each run uses --threads cores). Prints the per-seed table and the goals, and writes benchmarks/results/demo.json.
 Timings are wall clock on this machine: on a shared CPU they are inflated (say so when quoting).
 """
 from __future__ import annotations
@@ -55,22 +56,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at a time")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "demo"))
     a = ap.parse_args(argv)
-    runs = []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for seed in [int(s) for s in a.seeds.split(",")]:
-        out = Path(a.out) / f"seed{seed}"
-        cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
-               "--out", str(out)] + (["--quick"] if a.quick else [])
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            print(f"seed {seed}: envforge demo exited {proc.returncode}", file=sys.stderr)
-            return 1
-        r = json.loads((out / "results.json").read_text())
-        r["process_wall_s"] = round(time.perf_counter() - t0, 1)
-        runs.append(r)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    running, runs = {}, {}
+    while seeds or running:
+        while seeds and len(running) < max(1, a.jobs):
+            seed = seeds.pop(0)
+            out = Path(a.out) / f"seed{seed}"
+            cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
+                   "--out", str(out)] + (["--quick"] if a.quick else [])
+            out.mkdir(parents=True, exist_ok=True)  # with --jobs > 1 each seed's progress goes to a log
+            log = None if a.jobs <= 1 else open(out.parent / f"seed{seed}.log", "w")
+            running[seed] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log),
+                             out, time.perf_counter())
+            if log:
+                log.close()
+                print(f"seed {seed}: started, progress in {log.name}", file=sys.stderr)
+        time.sleep(1)
+        for seed, (proc, out, t0) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[seed]
+            if proc.returncode != 0:
+                print(f"seed {seed}: envforge demo exited {proc.returncode}", file=sys.stderr)
+                for other, *_ in running.values():
+                    other.terminate()
+                return 1
+            r = json.loads((out / "results.json").read_text())
+            r["process_wall_s"] = round(time.perf_counter() - t0, 1)
+            runs[seed] = r
+            print(f"seed {seed}: done in {r['process_wall_s'] / 60:.1f} min", file=sys.stderr)
+    runs = [runs[s] for s in sorted(runs)]
     header = ["seed"] + list(METHODS) + ["routing acc.", "identified", "wall min"]
     rows = [[str(r["seed"])] + [f"{r['methods'][m]['mean']:.3f}" for m in METHODS]
             + [f"{r['routing_accuracy']:.3f}" if r["routing_accuracy"] is not None else "-",
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps({
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "load_avg_at_end": os.getloadavg()},
-        "quick": a.quick, "threads": a.threads,
+        "quick": a.quick, "threads": a.threads, "jobs": a.jobs,
         "seeds": [{k: r[k] for k in ("seed", "methods", "identified", "planted", "routing_accuracy",
                                      "rollouts_per_method", "stages", "wall_s")} for r in runs],
         "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in checked]}, indent=2))
