@@ -5,7 +5,8 @@
 
 Each seed runs the whole demo (its own folder under --out) in a fresh process, --jobs at a time
 (default 1: one after the other, progress on stderr; more: each seed's progress in
-<out>/seed<N>.log; each run uses --threads cores). Prints the per-seed table and the goals, and writes benchmarks/results/demo.json.
+<out>/seed<N>.log; each run uses --threads cores). Prints the per-seed table and the goals, and
+writes benchmarks/results/demo.json.
 Timings are wall clock on this machine: on a shared CPU they are inflated (say so when quoting).
 """
 from __future__ import annotations

@@ -136,9 +136,9 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
                    "steps, until it is learnt)")
     copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=cfg.seed, fields=fields,
                                progress=lambda s, n, loss: progress.step(s, n, f"copy steps, loss {loss:.3f}"))
-    progress.begin("base", f"SFT on {len(data)} examples, {cfg.sft_epochs} epochs")
     progress.say(f"base: copy warm-up, {copy['steps']} steps, loss per kind {copy['losses']}"
                  + ("" if copy["learnt"] else " (not all learnt: the base agent may not carry values over)"))
+    progress.begin("base", f"SFT on {len(data)} examples, {cfg.sft_epochs} epochs")
     torch.manual_seed(cfg.seed)
     losses = agent.sft(model, data, policy.pad_id, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed,
                        batch_size=cfg.sft_batch, copy=agent.CopyTask(tokenizer, cfg.seed + 1, 16, fields),
