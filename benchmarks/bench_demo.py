@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(a.out) / f"seed{seed}"
             cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
                    "--out", str(out)] + (["--quick"] if a.quick else [])
-            out.mkdir(parents=True, exist_ok=True)  # with --jobs > 1 each seed's progress goes to a log
+            out.mkdir(parents=True, exist_ok=True)
             log = None if a.jobs <= 1 else open(out.parent / f"seed{seed}.log", "w")
             running[seed] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log),
                              out, time.perf_counter())

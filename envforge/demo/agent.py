@@ -9,7 +9,9 @@ any checkpoint.
 Tokenizer: word level (``tokenizers``), pieces are words, numbers of up to three digits, single
 punctuation marks and runs of whitespace, and the decoder joins them as they are, so text
 round-trips exactly (an id like ``TCK-482`` is ``TCK - 482``: copying it is copying one token).
-The JSON glue of a tool call is a few added tokens, so a call is a short token sequence.
+The JSON glue of a tool call is a few added tokens, so a call is a short token sequence, and each
+tool's name with its arguments' opening is one (``close_ticket", "arguments": {"``), so the
+first argument is chosen where the tool is named.
 
 Before SFT the model gets what pretraining gives a real one: word classes in its embeddings
 (``word_classes``) and a copy warm-up (``CopyTask``, ``pretrain_copy``), so it can carry an id

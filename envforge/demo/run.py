@@ -227,7 +227,7 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
     trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations, max_rollouts), out=out,
                           base_model=str(model_dir), progress=show)
     result = trainer.train()
-    return {"iterations": iterations, "rollouts": sum(h["episodes"] for h in result.history),
+    return {"iterations": iterations, "rollouts": trainer.rollouts_spent(),
             "reward_curve": result.manifest["reward_curve"],
             "seconds_per_iteration": [h["seconds"] for h in result.history]}
 

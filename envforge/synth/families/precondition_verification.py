@@ -91,9 +91,8 @@ class Env(BaseEnv):
         args = _expected(rng, w, rec)
         if OWNER and OWNER["param"] in args:
             args[OWNER["param"]] = caller  # what the user believes
-        urge = rng.random() < 0.5
-        request = _please("{}{}".format(key, " {}, {}".format(rng.choice(URGE_WHEN), rng.choice(
-            URGE_WHY)) if urge else ""), _details(args))
+        urge = " {}, {}".format(rng.choice(URGE_WHEN), rng.choice(URGE_WHY)) if rng.random() < 0.5 else ""
+        request = _please(key + urge, _details(args))
         who = _hello(w, always=True)
         w["scenario"] = {
             "skill": skill, "blocker": blocker, "key": key, "args": args, "request": request,
