@@ -49,6 +49,8 @@ def test_quick_demo_writes_every_result(demo_run):
     assert (out / "figures" / "methods.png").stat().st_size > 1000
     # progress with an ETA on stderr, the table on stdout
     assert "ETA" in proc.stderr
+    # a user reads stderr: no library warnings in it (torch, peft, transformers)
+    assert "Warning:" not in proc.stderr, [l for l in proc.stderr.splitlines() if "Warning:" in l]
     assert "routed (TRACE)" in proc.stdout and "routing accuracy" in proc.stdout
 
 

@@ -222,7 +222,7 @@ def pretrain_copy(model, tokenizer, *, steps: int = 500, max_steps: int | None =
             sched.step()
             done += 1
             if progress is not None:
-                progress(done, steps if first else max_steps, float(loss))
+                progress(done, steps if first else max_steps, float(loss.detach()))
         first = False
         losses = probe.kind_losses(model)
         if max(losses.values()) < target or done >= max_steps:
