@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             seed = seeds.pop(0)
             out = Path(a.out) / f"seed{seed}"
             cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
-                   "--out", str(out)] + (["--quick"] if a.quick else [])
+                   "--out", str(out), "--fresh"] + (["--quick"] if a.quick else [])  # timed: no resuming
             out.mkdir(parents=True, exist_ok=True)
             log = None if a.jobs <= 1 else open(out.parent / f"seed{seed}.log", "w")
             running[seed] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log),

@@ -793,11 +793,13 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
 @main.command()
 @option(DemoConfig, "seed")
 @click.option("--out", "out_dir", default="demo_out", show_default=True,
-              help="Folder for results.json, report.html, figures, the model, envs and adapters "
-                   "(what an earlier demo left there is replaced).")
+              help="Folder for results.json, report.html, figures, the model, envs and adapters. "
+                   "A run of the same settings there is resumed (its base agent kept, its adapters' "
+                   "training resumed); one of other settings is replaced.")
 @option(DemoConfig, "quick", is_flag=True)
 @option(DemoConfig, "threads")
-def demo(seed, out_dir, quick, threads):
+@click.option("--fresh", is_flag=True, help="Start over even where --out holds a run of the same settings.")
+def demo(seed, out_dir, quick, threads, fresh):
     """Run TRACE end to end offline: make a small agent with planted deficits, identify them,
     synthesize and audit envs, train adapters, route, and compare with the baselines on held-out
     target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
@@ -807,7 +809,8 @@ def demo(seed, out_dir, quick, threads):
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
-    clean(out)
+    if fresh:
+        clean(out)
     results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out,
                        progress=lambda step: click.echo(step.text, err=True))
     print_table(results, sys.stdout)

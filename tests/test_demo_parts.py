@@ -256,3 +256,94 @@ def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path, monke
     model.train()
     losses = real(task, model, batches=2)
     assert model.training and task.turn == 0 and set(losses) == {"id", "status", "resolution"}
+
+
+def test_a_copy_warm_up_that_never_began_to_learn_starts_again_from_another_init(tmp_path, monkeypatch):
+    """warm_up keeps an init whose copy losses came down (even if not to target) and starts
+    again from another init, at most COPY_ATTEMPTS times, when they did not. (pretrain_copy
+    itself is the real one in the test above; here it reports what the test sets.)"""
+    pytest.importorskip("transformers")
+    import torch
+
+    from envforge.demo import agent, run
+    from envforge.demo.config import DemoConfig
+    torch.set_num_threads(1)
+    tok = agent.fit_tokenizer(['TCK-104 {"status": "active", "resolution": "fixed"} closed'])
+    cfg = DemoConfig.for_run(seed=5, quick=True)
+    cfg.hidden, cfg.layers, cfg.heads = 16, 1, 2
+    fields = {"status": ["active", "closed"], "resolution": ["fixed"]}
+    said, seeds, weights = [], [], []
+
+    class Quiet:
+        def begin(self, *a): said.append(a[-1])
+        def say(self, text): said.append(text)
+        def step(self, *a): pass
+
+    def fake(model, tokenizer, *, steps, seed, fields, progress):
+        seeds.append(seed)
+        weights.append(model.get_input_embeddings().weight.detach().clone())
+        worst = reports.pop(0)
+        return {"steps": 3 * steps, "losses": {"id": worst, "status": 0.01}, "learnt": worst < 0.1}
+    monkeypatch.setattr(agent, "pretrain_copy", fake)
+    reports = [5.6, 0.3]  # the first never began; the second came down, not to target: kept
+    model, copy = run.warm_up(cfg, tmp_path / "m", tok, fields, Quiet())
+    assert seeds == [5, 1005] and copy["inits"] == 2 and not copy["learnt"]
+    assert not torch.equal(weights[0], weights[1])  # another init, not the same model again
+    assert torch.equal(model.get_input_embeddings().weight, weights[1])
+    assert any("init 2" in s for s in said)
+    seeds.clear()
+    reports = [5.6, 4.0, 3.0, 0.01]
+    _, copy = run.warm_up(cfg, tmp_path / "m2", tok, fields, Quiet())
+    assert len(seeds) == run.COPY_ATTEMPTS == copy["inits"] and reports == [0.01]  # then it gives up
+
+
+def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_path, monkeypatch):
+    """The base agent a run made is kept by the next run of the same settings (after a crash or
+    Ctrl-C later on); a base stage cut short is made again; a run of other settings starts afresh.
+    (The base agent and everything after it are stand-ins here: the test is about the state.)"""
+    import trainers.policy
+    from envforge.demo import run
+    from envforge.demo.config import DemoConfig
+
+    class Stop(Exception):
+        pass
+    made, said = [], []
+
+    def make_base(cfg, out, factory, progress):
+        made.append(cfg.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "weights").write_text(str(cfg.seed))
+        if interrupt:
+            raise KeyboardInterrupt
+        return {"parameters": 1, "seed": cfg.seed}
+
+    def load_policy(*a, **kw):
+        raise Stop  # the stage after the base: stop here, as a crash would
+    monkeypatch.setattr(run, "make_base", make_base)
+    monkeypatch.setattr(trainers.policy, "load_policy", load_policy)
+    cfg = DemoConfig.for_run(seed=3, quick=True)
+    cfg.pool_size, cfg.backend = 1, "process"
+    out = tmp_path / "out"
+
+    def go(c):
+        with pytest.raises((Stop, KeyboardInterrupt)):
+            run.run_demo(c, out, progress=lambda step: said.append(step.text))
+
+    interrupt = True
+    go(cfg)  # Ctrl-C in the base stage: nothing kept
+    interrupt = False
+    go(cfg)
+    assert made == [3, 3]
+    state = json.loads((out / run.STATE).read_text())
+    assert state["done"]["base"]["result"] == {"parameters": 1, "seed": 3}
+    said.clear()
+    go(cfg)  # the same settings: the base agent is kept
+    assert made == [3, 3] and any("resuming" in s and "base" in s for s in said)
+    assert (out / "base_model" / "weights").read_text() == "3"
+    other = DemoConfig.for_run(seed=4, quick=True)
+    other.pool_size, other.backend = 1, "process"
+    (out / "results.json").write_text("{}")  # what the earlier run wrote goes
+    go(other)
+    assert made == [3, 3, 4] and not (out / "results.json").exists()
+    assert any("other settings" in s for s in said)
+    assert (out / "base_model" / "weights").read_text() == "4"
