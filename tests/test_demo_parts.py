@@ -258,6 +258,29 @@ def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path, monke
     assert model.training and task.turn == 0 and set(losses) == {"id", "status", "resolution"}
 
 
+def test_routing_prompts_set_the_capabilities_the_tasks_need_side_by_side():
+    """The base agent's routing prompts always offer the needed capability, answer it, and in
+    about half of them offer every capability the tasks need, so the model must read the task to
+    choose between them (with random lists alone the two close capabilities met in few prompts)."""
+    from envforge.demo.agent import route_examples
+    from envforge.identify.rules import STRUCTURAL_RULES
+    from trainers.router import NONE
+    caps = [r.capability for r in STRUCTURAL_RULES]
+    a, b = "precondition verification", "confirmation before write"
+    tasks = [(f"task {i}", [a, b, None][i % 3]) for i in range(600)]
+    routes = route_examples(tasks, caps, random.Random(0))
+    assert len(routes) == len(tasks)
+    both = 0
+    for (msgs, answer), (text, need) in zip(routes, tasks):
+        prompt = msgs[0]["content"]
+        assert f"Task: {text}\n" in prompt and answer == (need or NONE)
+        offered = [c.name for c in caps if f"- {c.name}:" in prompt]
+        assert need is None or need in offered
+        assert 1 <= len(offered) <= 4
+        both += a in offered and b in offered
+    assert 0.45 < both / len(tasks) < 0.75  # random lists alone: about 0.2
+
+
 def test_a_copy_warm_up_that_never_began_to_learn_starts_again_from_another_init(tmp_path, monkeypatch):
     """warm_up keeps an init whose copy losses came down (even if not to target) and starts
     again from another init, at most COPY_ATTEMPTS times, when they did not. (pretrain_copy
