@@ -80,6 +80,34 @@ def test_practice_tasks_vary_what_the_target_holds_fixed(tmp_path):
     assert any("no need to confirm" not in o for o in refused)  # a blocked ticket without the waiver
 
 
+def test_follow_through_teaches_what_follows_an_answer_not_the_question(tmp_path):
+    """With the confirmation skipped in every episode and follow_through 1, the expert asks in
+    each closable request without the waiver, but its turns up to the question are untrained:
+    the trained turns never ask first, and they hold the answers to the user's reply."""
+    from envforge.demo.expert import is_question
+    from trainers.rollout import EnvFactory
+    env = write_target(tmp_path / "practice", practice=True)
+    seeds = list(range(80))
+    with EnvFactory(env, size=2, backend="process") as factory:
+        plain = play(factory, seeds, DeficitRates(0.0, 1.0), random.Random(0))
+        from envforge.demo.run import play_expert
+        follow = play_expert(factory, seeds, DeficitRates(0.0, 1.0), random.Random(0), follow_through=1.0)
+    assert not any(is_question(m) for ep in plain for m in ep)
+    asked = [ep for ep in follow if any(is_question(m) for m in ep)]
+    assert len(asked) >= 10
+    for ep, before in zip(follow, plain):
+        if ep not in asked:  # nothing to ask (a waiver, a ticket that cannot be closed): as drawn
+            assert ep == before
+            continue
+        q = next(j for j, m in enumerate(ep) if is_question(m))
+        assert all(m.get("train") is False for m in ep[:q + 1] if m["role"] == "assistant")
+        assert all("train" not in m for m in ep[q + 1:])
+        assert ep[q + 1]["role"] == "user" and ep[q + 2]["role"] == "assistant"
+    closes = [ep[j + 1] for ep in asked for j, m in enumerate(ep)
+              if m["role"] == "user" and m["content"].startswith("Yes")]
+    assert closes and all(c["tool_calls"][0]["function"]["name"] == "close_ticket" for c in closes)
+
+
 def test_planted_deficits_are_what_identify_retains(target):
     """The ground truth of the demo: the expert's runs with the planted deficits, labelled by
     identify's structural rules, retain exactly the planted capabilities."""
@@ -161,6 +189,9 @@ def test_tokenizer_round_trips_and_an_id_is_one_token():
     assert 'get_ticket_details", "arguments": {"' in tok.convert_ids_to_tokens(first_turn)
     assert tok.tokenize("close ticket, close_ticket") == ["close", " ", "ticket", ",", " ", "close_ticket"]
     assert policy.parse(policy.decode(first_turn))["tool_calls"][0]["function"]["arguments"] == '{"ticket_id": "TCK-104"}'
+    # a turn marked "train": False is context only
+    tokens2, mask2 = episode_tokens(policy, msgs[:2] + [dict(call, train=False)] + msgs[3:])
+    assert tokens2 == tokens and sum(mask2) == sum(mask) - len(first_turn) and mask2[mask.index(1)] == 0
 
 
 def test_demo_usage_errors_exit_2(tmp_path):

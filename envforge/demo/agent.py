@@ -96,7 +96,8 @@ def fit_tokenizer(texts: list[str], tools: list[str] = ()):
 
 def episode_tokens(policy, messages: list[dict]) -> tuple[list[int], list[int]]:
     """The token sequence of an episode as a rollout builds it, with mask 1 on the assistant's
-    own turns (up to and including their end-of-turn token)."""
+    own turns (up to and including their end-of-turn token), except a turn marked
+    ``"train": False``."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     tokens = policy.encode(policy.render(messages[:first], add_generation_prompt=True))
     mask = [0] * len(tokens)
@@ -108,7 +109,7 @@ def episode_tokens(policy, messages: list[dict]) -> tuple[list[int], list[int]]:
         cut = seg.rfind(policy.eot) + len(policy.eot)
         ids = policy.encode(seg[:cut])
         tokens += ids
-        mask += [1] * len(ids)
+        mask += [int(action.get("train", True))] * len(ids)
         j = i + 1
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1

@@ -23,6 +23,9 @@ class DemoConfig(Settings):
     heads: int = setting(4, "Attention heads of the base model.", low=1)
     deficit_rate: float = setting(0.75, "Per-episode rate of each planted deficit in the demonstrations.",
                                   low=0, high=1)
+    follow_through: float = setting(0.5, "Share of the demonstrations that skip the confirmation in which the "
+                                    "expert asks anyway, its turns up to the question untrained (the base "
+                                    "learns what follows a user's answer, not to ask more).", low=0, high=1)
     copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 3x, until "
                                  "every kind is learnt).", low=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",

@@ -75,6 +75,11 @@ def confirm_text(key: str, resolution: str) -> str:
     return f"To confirm: I will close ticket for ticket {key} (resolution: {resolution}). Shall I proceed?"
 
 
+def is_question(message: dict) -> bool:
+    """The expert's confirmation question (``confirm_text``)."""
+    return (message.get("content") or "").startswith("To confirm:")
+
+
 def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
     """The expert's next assistant message; ``skip`` holds this episode's planted deficits.
 

@@ -73,20 +73,29 @@ class Tracker:
 
 # ============================================================================= the stages
 
-def play_expert(factory, seeds: list[int], rates, rng: random.Random) -> list[list[dict]]:
-    """The expert's episodes on ``seeds`` (messages, through the sandboxed target)."""
+def play_expert(factory, seeds: list[int], rates, rng: random.Random,
+                follow_through: float = 0.0) -> list[list[dict]]:
+    """The expert's episodes on ``seeds`` (messages, through the sandboxed target).
+
+    In a share ``follow_through`` of the episodes that skip the confirmation, the expert asks
+    anyway and its turns up to the question are marked ``"train": False`` (the SFT loss skips
+    them): the base learns what to do after a user's answer without learning to ask more often,
+    as an agent that knows how to follow through and seldom asks. (An episode with no question,
+    a ticket that cannot be closed, is played as drawn.)"""
     from concurrent.futures import ThreadPoolExecutor
 
-    from envforge.demo.expert import draw_deficits, expert_action
+    from envforge.demo.expert import draw_deficits, expert_action, is_question
     skips = [draw_deficits(rng, rates) for _ in seeds]
+    follow = [follow_through > 0 and "confirmation_before_write" in s and rng.random() < follow_through
+              for s in skips]
 
-    def one(i: int) -> list[dict]:
+    def play(i: int, skip: frozenset) -> list[dict]:
         env = factory.make()
         try:
             obs, _ = env.reset(seed=seeds[i])
             msgs = list(obs["messages"])
             for _ in range(env.max_turns):
-                action = expert_action(msgs, skips[i])
+                action = expert_action(msgs, skip)
                 obs, _r, term, trunc, _ = env.step(action)
                 msgs += [action] + obs["messages"]
                 if term or trunc:
@@ -94,6 +103,16 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random) -> list[li
             return msgs
         finally:
             env.close()
+
+    def one(i: int) -> list[dict]:
+        if not follow[i]:
+            return play(i, skips[i])
+        msgs = play(i, skips[i] - {"confirmation_before_write"})
+        asked = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and is_question(m)]
+        if not asked:
+            return play(i, skips[i])
+        return [dict(m, train=False) if m["role"] == "assistant" and j <= asked[0] else m
+                for j, m in enumerate(msgs)]
     with ThreadPoolExecutor(max_workers=factory.size) as ex:
         return list(ex.map(one, range(len(seeds))))
 
@@ -134,7 +153,7 @@ def make_base(cfg: DemoConfig, out: Path, factory, progress: Tracker) -> dict:
     rng = random.Random(cfg.seed)
     rates = DeficitRates(cfg.deficit_rate, cfg.deficit_rate)
     seeds = [SFT_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.demonstrations)]
-    episodes = play_expert(factory, seeds, rates, rng)
+    episodes = play_expert(factory, seeds, rates, rng, cfg.follow_through)
     progress.say(f"base: {len(episodes)} expert demonstrations (planted deficit rate {cfg.deficit_rate})")
     # routing prompts: task texts of the target, labelled with the capability their kind needs
     caps = [r.capability for r in STRUCTURAL_RULES]
