@@ -798,8 +798,11 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
                    "training resumed); one of other settings is replaced.")
 @option(DemoConfig, "quick", is_flag=True)
 @option(DemoConfig, "threads")
+@option(DemoConfig, "device")
+@option(DemoConfig, "size")
+@option(DemoConfig, "backend")
 @click.option("--fresh", is_flag=True, help="Start over even where --out holds a run of the same settings.")
-def demo(seed, out_dir, quick, threads, fresh):
+def demo(seed, out_dir, quick, threads, device, size, backend, fresh):
     """Run TRACE end to end offline: make a small agent with planted deficits, identify them,
     synthesize and audit envs, train adapters, route, and compare with the baselines on held-out
     target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
@@ -811,7 +814,8 @@ def demo(seed, out_dir, quick, threads, fresh):
         raise UsageError(f"--out {out} is a file; give a folder")
     if fresh:
         clean(out)
-    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads), out,
+    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size,
+                                          backend=backend), out,
                        progress=lambda step: click.echo(step.text, err=True))
     print_table(results, sys.stdout)
     click.echo(f"wrote {out / 'results.json'} and {out / 'report.html'}")

@@ -204,6 +204,38 @@ def test_demo_usage_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and f"--out {f} is a file; give a folder" in r.output
     r = CliRunner().invoke(main, ["demo", "--threads", "0"])
     assert r.exit_code == 2 and "--threads" in r.output
+    r = CliRunner().invoke(main, ["demo", "--device", "tpu", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--device" in r.output and "'cpu' or 'cuda" in r.output
+    r = CliRunner().invoke(main, ["demo", "--size", "huge", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--size" in r.output
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_demo_on_cuda_without_a_gpu_says_so(tmp_path):
+    from click.testing import CliRunner
+
+    from envforge.cli import main
+    r = CliRunner().invoke(main, ["demo", "--device", "cuda", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "torch sees no CUDA device; use 'cpu'" in r.output
+
+
+def test_demo_sizes_make_the_model_they_name(tmp_path):
+    """--size large makes a model over 10x the small one's parameters, with the learning rates
+    of its preset (the demo's own model maker, as the base stage calls it). The large size's
+    run on a GPU is in docs/demo.md: no GPU here, so the cuda path itself is not tested."""
+    from envforge.demo.agent import fit_tokenizer, save_model
+    from envforge.demo.config import SIZES, DemoConfig
+    tok = fit_tokenizer(["ticket TCK - 104 status open", "close_ticket resolution fixed"], ["close_ticket"])
+    small, large = DemoConfig.for_run(), DemoConfig.for_run(size="large", quick=True)
+    assert large.quick and large.iterations == DemoConfig.for_run(quick=True).iterations
+    sizes = {}
+    for name, c in (("small", small), ("large", large)):
+        model = save_model(tmp_path / name, tok, hidden=c.hidden, layers=c.layers, heads=c.heads, seed=0)
+        sizes[name] = sum(p.numel() for p in model.parameters())
+        assert model.config.hidden_size == SIZES[name]["hidden"]
+    assert sizes["large"] > 10 * sizes["small"]
+    assert large.copy_lr < small.copy_lr and large.sft_lr < small.sft_lr
 
 
 def test_the_demos_status_words_are_the_targets():
@@ -333,7 +365,8 @@ def test_a_copy_warm_up_that_never_began_to_learn_starts_again_from_another_init
         def say(self, text): said.append(text)
         def step(self, *a): pass
 
-    def fake(model, tokenizer, *, steps, seed, fields, progress):
+    def fake(model, tokenizer, *, steps, seed, fields, lr, progress):
+        assert lr == cfg.copy_lr
         seeds.append(seed)
         weights.append(model.get_input_embeddings().weight.detach().clone())
         worst = reports.pop(0)

@@ -146,8 +146,8 @@ class RoutedPolicy(Policy):
         self.choice = NONE
 
     @classmethod
-    def load(cls, model: str | Path, adapters: str | Path, **kw: Any) -> "RoutedPolicy":
-        return cls(load_policy(model), find_adapters(adapters), **kw)
+    def load(cls, model: str | Path, adapters: str | Path, device: str = "cpu", **kw: Any) -> "RoutedPolicy":
+        return cls(load_policy(model, device=device), find_adapters(adapters), **kw)
 
     def use(self, choice: str) -> None:
         self.choice = choice
@@ -166,12 +166,12 @@ class RoutedPolicy(Policy):
         return super().generate(*args, **kw)
 
 
-def merged_policy(model: str | Path, adapters: str | Path) -> Policy:
+def merged_policy(model: str | Path, adapters: str | Path, device: str = "cpu") -> Policy:
     """The baseline routing beat: every adapter merged into one, each weighted 1/n (peft's "cat"
     combination: the merged weight change is exactly the mean of the adapters' changes)."""
     from peft import PeftModel
     infos = find_adapters(adapters)
-    base = load_policy(model)
+    base = load_policy(model, device=device)
     peft_model = PeftModel.from_pretrained(base.model, str(infos[0].path), adapter_name=infos[0].name)
     for a in infos[1:]:
         peft_model.load_adapter(str(a.path), adapter_name=a.name)

@@ -166,8 +166,8 @@ class CopyTask:
         at = int(torch.randint(0, n - 3, (1,), generator=g))
         x = values[torch.randint(0, len(values), (b,), generator=g)]
         ids[:, at:at + 2], ids[:, at + 2] = key, x
-        ids = torch.cat([ids, key.expand(b, 2), x[:, None]], 1)
-        return torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2].float(), x)
+        ids = torch.cat([ids, key.expand(b, 2), x[:, None]], 1).to(model.device)
+        return torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2].float(), x.to(model.device))
 
     @torch.no_grad()
     def kind_losses(self, model, batches: int = 4) -> dict[str, float]:
@@ -253,7 +253,7 @@ def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epoc
         total = 0.0
         for b in torch.randperm(len(batches), generator=g).tolist():
             eps = [Episode(0, tokens=examples[i][0], mask=examples[i][1]) for i in batches[b]]
-            ids, attn, mask = batch_tensors(eps, pad_id)
+            ids, attn, mask = (t.to(model.device) for t in batch_tensors(eps, pad_id))
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             m = mask[:, 1:]

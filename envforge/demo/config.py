@@ -7,12 +7,24 @@ from sandbox.base import BACKENDS
 from envforge.settings import Settings, setting
 
 
+#: the base model's sizes (``--size``): its shape and the learning rates that suit it
+SIZES = {"small": {"hidden": 128, "layers": 3, "heads": 4},
+         # a GPU plays more episodes at once for about the time of one: twice the warm sandboxes
+         # (measured on a GPU: 512 wide x 8 layers at the copy warm-up's 1e-3 never learnt the id copy
+         # in 3 inits, its loss spiking back to 7)
+         "large": {"hidden": 384, "layers": 6, "heads": 6, "copy_lr": 3e-4, "sft_lr": 1e-3, "grpo_lr": 1e-3,
+                   "pool_size": 16}}
+
+
 @dataclass
 class DemoConfig(Settings):
     """Budgets and settings of one demo run; ``for_run`` makes the full or the ``--quick`` one."""
     seed: int = setting(0, "Seeds every stage (model init, sampling, task draws).")
     quick: bool = setting(False, "Smaller budgets everywhere (what CI runs).")
     threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
+    device: str = setting("cpu", "Where the model learns and plays: 'cpu', 'cuda', 'cuda:1', ...")
+    size: str = setting("small", "The base model: small (0.8M parameters, minutes on a CPU) or large "
+                        "(11M, for a GPU).", choices=tuple(SIZES))
     # the base agent
     demonstrations: int = setting(1200, "Expert demonstrations the base agent is taught on.", low=1)
     sft_epochs: int = setting(6, "SFT epochs over the demonstrations.", low=1)
@@ -28,6 +40,7 @@ class DemoConfig(Settings):
                                     "learns what follows a user's answer, not to ask more).", low=0, high=1)
     copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 3x, until "
                                  "every kind is learnt).", low=0)
+    copy_lr: float = setting(1e-3, "Learning rate of the copy warm-up.", above=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",
                                      low=0, high=1)
     routing_examples: int = setting(1000, "Routing prompts in SFT (a small model must learn the router's form).",
@@ -48,9 +61,20 @@ class DemoConfig(Settings):
     pool_size: int = setting(8, "Warm sandboxes per env.", low=1)
     backend: str = setting("auto", "Sandbox the envs run in.", choices=BACKENDS)
 
+    def check(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                self.fail("device", f"is {self.device!r} but torch sees no CUDA device; use 'cpu'")
+        elif self.device != "cpu":
+            self.fail("device", f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
     @classmethod
-    def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1) -> "DemoConfig":
-        c = cls(seed=seed, quick=quick, threads=threads)
+    def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1, device: str = "cpu",
+                size: str = "small", backend: str = "auto") -> "DemoConfig":
+        c = cls(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
+        for name, value in SIZES[size].items():
+            setattr(c, name, value)
         if quick:
             c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 800, 6, 120, 600
             c.iterations, c.eval_tasks, c.calibration_groups = 24, 200, 2

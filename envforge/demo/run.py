@@ -129,10 +129,11 @@ def warm_up(cfg: DemoConfig, out: Path, tokenizer, fields: dict, progress: Track
         model = agent.save_model(out, tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                                  seed=init)
         agent.word_classes(model, tokenizer, list(fields.values()), seed=init)
+        model.to(cfg.device)
         n_params = sum(p.numel() for p in model.parameters())
         progress.begin("base", f"copy warm-up of a {n_params:,}-parameter model (at least {cfg.copy_steps} "
                        "steps, until it is learnt)" + (f", init {attempt + 1}" if attempt else ""))
-        copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=init, fields=fields,
+        copy = agent.pretrain_copy(model, tokenizer, steps=cfg.copy_steps, seed=init, fields=fields, lr=cfg.copy_lr,
                                    progress=lambda s, n, loss: progress.step(s, n, f"copy steps, loss {loss:.3f}"))
         copy["inits"] = attempt + 1
         progress.say(f"base: copy warm-up, {copy['steps']} steps, loss per kind {copy['losses']}"
@@ -244,7 +245,7 @@ def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = Non
     return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr,
                       lora_rank=cfg.lora_rank,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
-                      seed=cfg.seed, threads=cfg.threads, backend=cfg.backend,
+                      seed=cfg.seed, threads=cfg.threads, device=cfg.device, backend=cfg.backend,
                       temperature=cfg.temperature, top_p=cfg.top_p,
                       pool_size=cfg.pool_size, micro_batch_size=8)
 
@@ -261,8 +262,8 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
             s = step.record
             progress.step(step.done, step.total, f"iterations, reward {s.reward_mean:.2f}, "
                           f"{s.tokens_per_s:,.0f} tok/s", force=True)
-    trainer = GRPOTrainer(load_policy(model_dir), env, grpo_config(cfg, iterations, max_rollouts), out=out,
-                          base_model=str(model_dir), progress=show)
+    trainer = GRPOTrainer(load_policy(model_dir, device=cfg.device), env, grpo_config(cfg, iterations, max_rollouts),
+                          out=out, base_model=str(model_dir), progress=show)
     result = trainer.train()
     return {"iterations": iterations, "rollouts": trainer.rollouts_spent(),
             "reward_curve": result.manifest["reward_curve"],
@@ -342,7 +343,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
                 with EnvFactory(practice, size=cfg.pool_size, backend=cfg.backend) as practice_factory:
                     results["base_agent"] = make_base(cfg, model_dir, practice_factory, progress)
             mark_done(out, cfg, done, "base", results["base_agent"], stages["base"])
-        base = load_policy(model_dir)
+        base = load_policy(model_dir, device=cfg.device)
         # 3. identify
         with timed("identify"):
             report = run_identify(cfg, out, base, factory, tfolder)
@@ -405,7 +406,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             r = evaluate_method(policy, target, task_seeds, cfg)
             per_task.setdefault(name, {}).update({e["seed"]: e["score"] for e in r["episodes"]})
             return r
-        r = run("base", load_policy(model_dir))
+        r = run("base", load_policy(model_dir, device=cfg.device))
         kinds = {e["seed"]: e["skill"] for e in r["episodes"]}
         infos = find_adapters(adapters) if envs else []
         adapter_of = {}  # task kind -> adapter name
@@ -414,24 +415,26 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             if fam:
                 adapter_of[fam] = a.name
         if infos:
-            routed = run("routed", RoutedPolicy.load(model_dir, adapters, examples=ROUTER_EXAMPLES))
+            routed = run("routed", RoutedPolicy.load(model_dir, adapters, examples=ROUTER_EXAMPLES,
+                                                        device=cfg.device))
             right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
             results["routing_accuracy"] = sum(right) / len(right)
             results["routes"] = {k: dict(sorted(__import__("collections").Counter(
                 rt["choice"] for rt in routed["routes"] if kinds[rt["seed"]] == k).items()))
                 for k in sorted(set(kinds.values()))}
-            run("merged", merged_policy(model_dir, adapters))
+            run("merged", merged_policy(model_dir, adapters, device=cfg.device))
             for kind in sorted(set(kinds.values())):
                 mine = [s for s in seeds if kinds[s] == kind]
                 if kind in adapter_of:
-                    run("oracle", load_policy(model_dir, adapter=adapters / adapter_of[kind]), mine)
+                    run("oracle", load_policy(model_dir, adapter=adapters / adapter_of[kind],
+                                              device=cfg.device), mine)
                 else:
                     per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in mine})
         else:
             results["routing_accuracy"] = None
             for name in ("routed", "merged", "oracle"):
                 per_task[name] = dict(per_task["base"])
-        run("grpo_target", load_policy(model_dir, adapter=out / "grpo_target"))
+        run("grpo_target", load_policy(model_dir, adapter=out / "grpo_target", device=cfg.device))
     for name in ("base", "routed", "merged", "grpo_target", "oracle"):
         scores = [per_task[name][s] for s in seeds]
         methods[name] = summary(scores)
