@@ -802,7 +802,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
 @option(DemoConfig, "size")
 @option(DemoConfig, "backend")
 @click.option("--fresh", is_flag=True, help="Start over even where --out holds a run of the same settings.")
-def demo(seed, out_dir, quick, threads, device, size, backend, fresh):
+@json_option
+def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
     """Run TRACE end to end offline: make a small agent with planted deficits, identify them,
     synthesize and audit envs, train adapters, route, and compare with the baselines on held-out
     target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
@@ -817,5 +818,8 @@ def demo(seed, out_dir, quick, threads, device, size, backend, fresh):
     results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size,
                                           backend=backend), out,
                        progress=lambda step: click.echo(step.text, err=True))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
     print_table(results, sys.stdout)
     click.echo(f"wrote {out / 'results.json'} and {out / 'report.html'}")

@@ -211,6 +211,27 @@ def test_demo_usage_errors_exit_2(tmp_path):
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+def test_demo_json_prints_results_alone(tmp_path, monkeypatch):
+    """--json: stdout is results.json's content and nothing else (progress stays on stderr). The
+    run itself is a stand-in here (tests/test_demo.py runs the real one); it gets the CLI's config."""
+    from click.testing import CliRunner
+
+    from envforge.cli import main
+    from envforge.demo import run
+    from envforge.progress import Step
+    seen = {}
+
+    def fake(cfg, out, progress=None):
+        seen["cfg"] = cfg
+        progress(Step("base: done in 1s"))
+        return {"seed": cfg.seed, "methods": {"base": {"mean": 0.5}}, "device": cfg.device}
+    monkeypatch.setattr(run, "run_demo", fake)
+    r = CliRunner().invoke(main, ["demo", "--seed", "3", "--size", "large", "--json", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"seed": 3, "methods": {"base": {"mean": 0.5}}, "device": "cpu"}
+    assert "base: done" in r.stderr and seen["cfg"].hidden == 384
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_demo_on_cuda_without_a_gpu_says_so(tmp_path):
     from click.testing import CliRunner
