@@ -800,7 +800,7 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
 @option(DemoConfig, "threads")
 @option(DemoConfig, "device")
 @option(DemoConfig, "size")
-@option(DemoConfig, "backend")
+@option(DemoConfig, "backend", type=click.Choice(BACKENDS))
 @click.option("--fresh", is_flag=True, help="Start over even where --out holds a run of the same settings.")
 @json_option
 def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
@@ -813,11 +813,10 @@ def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
-    if fresh:
+    cfg = DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
+    if fresh:  # only once the settings are known to be good: a refused run removes nothing
         clean(out)
-    results = run_demo(DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size,
-                                          backend=backend), out,
-                       progress=lambda step: click.echo(step.text, err=True))
+    results = run_demo(cfg, out, progress=lambda step: click.echo(step.text, err=True))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return

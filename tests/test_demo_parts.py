@@ -205,10 +205,20 @@ def test_demo_usage_errors_exit_2(tmp_path):
     r = CliRunner().invoke(main, ["demo", "--threads", "0"])
     assert r.exit_code == 2 and "--threads" in r.output
     r = CliRunner().invoke(main, ["demo", "--device", "tpu", "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "--device" in r.output and "'cpu' or 'cuda" in r.output
+    assert r.exit_code == 2 and "--device must be 'cpu', 'cuda' or 'cuda:N'" in r.output
     r = CliRunner().invoke(main, ["demo", "--size", "huge", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--size" in r.output
+    for bad in ("cudax", "cuda:abc", "cuda:-1", "gpu"):
+        r = CliRunner().invoke(main, ["demo", "--device", bad, "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2 and f"got {bad!r}" in r.output, r.output
+    r = CliRunner().invoke(main, ["demo", "--backend", "unsafe-inprocess", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--backend" in r.output
     assert not (tmp_path / "o").exists()  # refused before anything was written
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "results.json").write_text("{}")
+    r = CliRunner().invoke(main, ["demo", "--fresh", "--device", "tpu", "--out", str(kept)])
+    assert r.exit_code == 2 and (kept / "results.json").exists()  # --fresh removes nothing then
 
 
 def test_demo_json_prints_results_alone(tmp_path, monkeypatch):
@@ -241,22 +251,64 @@ def test_demo_on_cuda_without_a_gpu_says_so(tmp_path):
     assert r.exit_code == 2 and "torch sees no CUDA device; use 'cpu'" in r.output
 
 
-def test_demo_sizes_make_the_model_they_name(tmp_path):
-    """--size large makes a model over 10x the small one's parameters, with the learning rates
-    of its preset (the demo's own model maker, as the base stage calls it). The large size's
-    run on a GPU is in docs/demo.md: no GPU here, so the cuda path itself is not tested."""
-    from envforge.demo.agent import fit_tokenizer, save_model
-    from envforge.demo.config import SIZES, DemoConfig
+def test_demo_sizes_make_the_model_they_name(tmp_path, monkeypatch):
+    """--size large: the base stage's warm-up (``run.warm_up``, the copy task itself a stand-in)
+    makes a model over 10x the small one's parameters, and trains it at lower rates; a GPU plays
+    more episodes at a time. No GPU here: the cuda path runs in
+    test_the_demos_model_steps_run_on_a_gpu where one is."""
+    from envforge.demo import agent, run
+    from envforge.demo.agent import fit_tokenizer
+    from envforge.demo.config import DemoConfig
     tok = fit_tokenizer(["ticket TCK - 104 status open", "close_ticket resolution fixed"], ["close_ticket"])
-    small, large = DemoConfig.for_run(), DemoConfig.for_run(size="large", quick=True)
-    assert large.quick and large.iterations == DemoConfig.for_run(quick=True).iterations
+    lrs = []
+    monkeypatch.setattr(agent, "pretrain_copy", lambda model, tokenizer, *, lr, **kw: lrs.append(lr) or {
+        "steps": 1, "losses": {"id": 0.01}, "learnt": True})
+
+    class Quiet:
+        def begin(self, *a): pass
+        def say(self, *a): pass
+        def step(self, *a): pass
     sizes = {}
-    for name, c in (("small", small), ("large", large)):
-        model = save_model(tmp_path / name, tok, hidden=c.hidden, layers=c.layers, heads=c.heads, seed=0)
-        sizes[name] = sum(p.numel() for p in model.parameters())
-        assert model.config.hidden_size == SIZES[name]["hidden"]
-    assert sizes["large"] > 10 * sizes["small"]
-    assert large.copy_lr < small.copy_lr and large.sft_lr < small.sft_lr
+    for size in ("small", "large"):
+        cfg = DemoConfig.for_run(size=size, quick=True)
+        model, _ = run.warm_up(cfg, tmp_path / size, tok, {"status": ["open"]}, Quiet())
+        sizes[size] = (sum(p.numel() for p in model.parameters()), cfg.sft_lr, cfg.quick, cfg.iterations)
+    assert sizes["large"][0] > 10 * sizes["small"][0]
+    assert lrs[1] < lrs[0] and sizes["large"][1] < sizes["small"][1]
+    assert sizes["large"][2:] == sizes["small"][2:]  # --quick's budgets hold at any size
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_demos_model_steps_run_on_a_gpu(tmp_path):
+    """Where torch sees a GPU: the copy warm-up, SFT, the router and a merged adapter's
+    generation run with the model on cuda (each moves its own tensors there)."""
+    import torch
+
+    from envforge.demo import agent
+    from trainers.grpo import add_adapter
+    from trainers.grpo_config import GRPOConfig
+    from trainers.policy import Policy, load_policy
+    from trainers.router import AdapterInfo, Router, merged_policy
+    tok = agent.fit_tokenizer(["ticket TCK - 104 status open", "close_ticket resolution fixed yes no"],
+                              ["close_ticket"])
+    model = agent.save_model(tmp_path / "m", tok, hidden=32, layers=1, heads=2, seed=0).to("cuda")
+    copy = agent.pretrain_copy(model, tok, steps=3, max_steps=3, fields={"status": ["open"]})
+    assert copy["steps"] == 3 and next(model.parameters()).is_cuda
+    policy = Policy(model, tok, family="hermes", name="m")
+    msgs = [{"role": "user", "content": "status of TCK - 104"}, {"role": "assistant", "content": "open"}]
+    losses = agent.sft(model, [agent.episode_tokens(policy, msgs)] * 4, policy.pad_id, epochs=1, batch_size=2,
+                       copy=agent.CopyTask(tok, 1, 4, {"status": ["open"]}))
+    assert len(losses) == 1 and losses[0] == losses[0]
+    model.save_pretrained(tmp_path / "m")
+    peft_model = add_adapter(load_policy(tmp_path / "m").model, GRPOConfig(lora_rank=2))
+    peft_model.save_pretrained(tmp_path / "a" / "x_status")
+    (tmp_path / "a" / "x_status" / "manifest.json").write_text(json.dumps(
+        {"capability": "status lookup", "description": "tells a status"}))
+    merged = merged_policy(tmp_path / "m", tmp_path / "a", device="cuda")
+    assert merged.device.type == "cuda" and len(merged.generate([[1, 2, 3]], max_new_tokens=3)) == 1
+    router = Router.load(tmp_path / "m", tmp_path / "a", device="cuda", examples=0)
+    assert router.route("status of TCK - 104").choice in ("none", "x_status")
+    torch.cuda.synchronize()
 
 
 def test_the_demos_status_words_are_the_targets():
@@ -448,6 +500,10 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     go(cfg)  # the same settings: the base agent is kept
     assert made == [3, 3] and any("resuming" in s and "base" in s for s in said)
     assert (out / "base_model" / "weights").read_text() == "3"
+    moved = DemoConfig.for_run(seed=3, quick=True, threads=2)  # where it runs changed, not what
+    moved.pool_size, moved.backend = 2, "process"
+    go(moved)
+    assert made == [3, 3]
     other = DemoConfig.for_run(seed=4, quick=True)
     other.pool_size, other.backend = 1, "process"
     (out / "results.json").write_text("{}")  # what the earlier run wrote goes

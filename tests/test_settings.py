@@ -70,3 +70,19 @@ def test_lora_alpha_defaults_to_twice_the_rank_in_the_config_itself():
 def test_old_import_paths_still_work():
     from envforge.gate.dynamic import GateSettings as old
     assert old is GateSettings
+
+
+@pytest.mark.parametrize("device", ["cudax", "cuda:abc", "cuda:-1", "gpu", "", "CPU"])
+def test_a_device_name_torch_would_refuse_is_a_config_error(device):
+    """The trainer's and the demo's device: a name torch would fail on later (mid-run, with its
+    own traceback) is refused when the config is built."""
+    with pytest.raises(ConfigError, match="must be 'cpu', 'cuda' or 'cuda:N'"):
+        GRPOConfig(device=device)
+
+
+def test_a_cuda_device_torch_does_not_see_is_a_config_error():
+    import torch
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ConfigError, match="no CUDA device" if not count else f"torch sees {count} GPU"):
+        GRPOConfig(device=f"cuda:{count}")
+    assert GRPOConfig(device="cpu").device == "cpu"

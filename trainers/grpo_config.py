@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envforge.settings import Settings, setting
+from envforge.settings import Settings, device_problem, setting
 from sandbox.base import BACKENDS
 
 
@@ -79,10 +79,9 @@ class GRPOConfig(Settings):
                 self.fail(name, f"must be an integer, got {getattr(self, name)!r}")
         if self.lora_alpha is None:
             self.lora_alpha = 2 * self.lora_rank
-        if self.device.startswith("cuda"):
-            import torch
-            if not torch.cuda.is_available():
-                self.fail("device", f"is {self.device!r} but torch sees no CUDA device; use 'cpu'")
+        problem = device_problem(self.device)
+        if problem:
+            self.fail("device", problem)
 
     @property
     def rollouts_per_iteration(self) -> int:

@@ -97,8 +97,8 @@ class Router:
         self.answers = [policy.encode(label) + [policy.eot_id] for label in self.labels]
 
     @classmethod
-    def load(cls, model: str | Path, adapters: str | Path, **kw: Any) -> "Router":
-        return cls(load_policy(model), find_adapters(adapters), **kw)
+    def load(cls, model: str | Path, adapters: str | Path, device: str = "cpu", **kw: Any) -> "Router":
+        return cls(load_policy(model, device=device), find_adapters(adapters), **kw)
 
     @torch.no_grad()
     def route(self, task: str) -> Route:

@@ -4,16 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandbox.base import BACKENDS
-from envforge.settings import Settings, setting
+from envforge.settings import Settings, device_problem, setting
 
 
-#: the base model's sizes (``--size``): its shape and the learning rates that suit it
-SIZES = {"small": {"hidden": 128, "layers": 3, "heads": 4},
-         # a GPU plays more episodes at once for about the time of one: twice the warm sandboxes
-         # (measured on a GPU: 512 wide x 8 layers at the copy warm-up's 1e-3 never learnt the id copy
-         # in 3 inits, its loss spiking back to 7)
-         "large": {"hidden": 384, "layers": 6, "heads": 6, "copy_lr": 3e-4, "sft_lr": 1e-3, "grpo_lr": 1e-3,
-                   "pool_size": 16}}
+#: the base model's sizes (``--size``): what each changes from the fields' defaults (its shape and
+#: the learning rates that suit it; measured on a GPU: 512 wide x 8 layers at the copy warm-up's
+#: 1e-3 never learnt the id copy in 3 inits, its loss spiking back to 7)
+SIZES = {"small": {},
+         "large": {"hidden": 384, "layers": 6, "heads": 6, "copy_lr": 3e-4, "sft_lr": 1e-3, "grpo_lr": 1e-3}}
 
 
 @dataclass
@@ -22,7 +20,8 @@ class DemoConfig(Settings):
     seed: int = setting(0, "Seeds every stage (model init, sampling, task draws).")
     quick: bool = setting(False, "Smaller budgets everywhere (what CI runs).")
     threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
-    device: str = setting("cpu", "Where the model learns and plays: 'cpu', 'cuda', 'cuda:1', ...")
+    device: str = setting("cpu", "Where the model learns and plays: 'cpu', 'cuda', 'cuda:1', ... (on a GPU, "
+                          "16 episodes at a time, 8 on a CPU).")
     size: str = setting("small", "The base model: small (0.8M parameters, minutes on a CPU) or large "
                         "(11M, for a GPU).", choices=tuple(SIZES))
     # the base agent
@@ -62,19 +61,20 @@ class DemoConfig(Settings):
     backend: str = setting("auto", "Sandbox the envs run in.", choices=BACKENDS)
 
     def check(self) -> None:
-        if self.device.startswith("cuda"):
-            import torch
-            if not torch.cuda.is_available():
-                self.fail("device", f"is {self.device!r} but torch sees no CUDA device; use 'cpu'")
-        elif self.device != "cpu":
-            self.fail("device", f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        problem = device_problem(self.device)
+        if problem:
+            self.fail("device", problem)
 
     @classmethod
     def for_run(cls, seed: int = 0, quick: bool = False, threads: int = 1, device: str = "cpu",
                 size: str = "small", backend: str = "auto") -> "DemoConfig":
+        """The settings of a run: the defaults, then ``size``'s preset, then ``quick``'s budgets
+        (the one place presets are applied: ``DemoConfig(size=...)`` alone keeps the defaults)."""
         c = cls(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
         for name, value in SIZES[size].items():
             setattr(c, name, value)
+        if device != "cpu":  # a GPU decodes more episodes at once for about the time of one
+            c.pool_size = 16
         if quick:
             c.demonstrations, c.sft_epochs, c.identify_tasks, c.routing_examples = 800, 6, 120, 600
             c.iterations, c.eval_tasks, c.calibration_groups = 24, 200, 2

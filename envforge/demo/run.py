@@ -1,4 +1,4 @@
-"""``envforge demo``: the whole TRACE loop, offline on CPU, on a small agent made locally.
+"""``envforge demo``: the whole TRACE loop, offline (on CPU or a GPU), on a small agent made locally.
 
 Stages (each timed; see docs/demo.md):
 
@@ -465,7 +465,7 @@ def resume(out: Path, cfg: DemoConfig, progress: Tracker) -> dict:
         state = json.loads((out / STATE).read_text())
     except (OSError, ValueError):
         state = None
-    if isinstance(state, dict) and state.get("config") == asdict(cfg):
+    if isinstance(state, dict) and same_settings(state.get("config"), cfg):
         if state.get("done"):
             progress.say(f"resuming the run in {out}: {', '.join(state['done'])} done")
         return dict(state.get("done") or {})
@@ -474,6 +474,19 @@ def resume(out: Path, cfg: DemoConfig, progress: Tracker) -> dict:
     clean(out)
     mark_done(out, cfg, {}, None, None, None)
     return {}
+
+
+#: what a run may change and still resume: where it runs (a base agent made on a GPU is a
+#: model like any other), not what it makes
+WHERE = ("device", "threads", "backend", "pool_size")
+
+
+def same_settings(recorded, cfg: DemoConfig) -> bool:
+    """Whether a state file's config (``recorded``) is ``cfg``'s, where the run is made aside."""
+    if not isinstance(recorded, dict):
+        return False
+    now = asdict(cfg)
+    return {k: v for k, v in recorded.items() if k not in WHERE} == {k: v for k, v in now.items() if k not in WHERE}
 
 
 def mark_done(out: Path, cfg: DemoConfig, done: dict, stage: str | None, result, seconds) -> None:
