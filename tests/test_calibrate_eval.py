@@ -170,11 +170,13 @@ def test_ctrl_c_during_train_says_where_the_checkpoint_is_and_a_rerun_resumes(he
             "--out", str(tmp_path / "adapters"), "--groups", "1", "--group-size", "2", "--rank", "4",
             "--max-new-tokens", "4", "--threads", "1", "--backend", "process"]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    p = subprocess.Popen(args + ["--iterations", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # iterations take ~20 ms here: far more than can finish before the signal, however late this
+    # process reads the progress lines (under load, a 200-iteration run once ended first)
+    p = subprocess.Popen(args + ["--iterations", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env, cwd=tmp_path)
     try:
         for line in p.stderr:  # progress lines: [done/total] ..., at most one every Display.EVERY_S
-            done_now = re.match(r"\[(\d+)/200\] ", line)
+            done_now = re.match(r"\[(\d+)/100000\] ", line)
             if done_now and int(done_now.group(1)) >= 2:
                 break
         p.send_signal(signal.SIGINT)
