@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import MISSING, asdict
 from typing import Any, Iterable
 
@@ -98,19 +97,3 @@ def default_of(cls: type, name: str) -> Any:
         return f.default_factory()
     return None
 
-
-def device_problem(device: str) -> str | None:
-    """What is wrong with a torch device name for the model (None: usable here): 'cpu', or
-    'cuda' / 'cuda:N' with torch seeing that GPU. torch is imported only for a cuda name."""
-    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", device or "")
-    if m is None:
-        return f"must be 'cpu', 'cuda' or 'cuda:N', got {device!r}"
-    if device == "cpu":
-        return None
-    import torch
-    if not torch.cuda.is_available():
-        return f"is {device!r} but torch sees no CUDA device; use 'cpu'"
-    count = torch.cuda.device_count()
-    if m.group(1) is not None and int(m.group(1)) >= count:
-        return f"is {device!r} but torch sees {count} GPU{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})"
-    return None

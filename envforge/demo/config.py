@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandbox.base import BACKENDS
-from envforge.settings import Settings, device_problem, setting
+from envforge.settings import Settings, setting
+from trainers.grpo_config import device_problem
 
 
 #: the base model's sizes (``--size``): what each changes from the fields' defaults (its shape and
