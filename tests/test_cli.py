@@ -33,9 +33,10 @@ def _no_traceback(p):
 def test_audit_good_env_json_exit_0(tmp_path):
     folder = write_env(tmp_path / "good", good_source())
     p = run("audit", str(folder), "--json", *FAST)
-    assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     [r] = data["results"]
+    # on failure, say which findings rejected it (CI rejected it once; 340 runs here under load did not)
+    assert p.returncode == 0, (p.stderr, [f for f in r["findings"] if f["severity"] != "info"])
     assert r["path"] == str(folder) and r["verdict"] == "accept"
     assert all(set(f) >= {"check", "severity", "message"} for f in r["findings"])
     assert json.loads((folder / "report.json").read_text())["verdict"] == "accept"
