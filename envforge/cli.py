@@ -629,9 +629,12 @@ threads_option = option(GRPOConfig, "threads")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
 @option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Adapters trained at once, each in a process of its own (the same adapters as one "
+                   "after another; on a CPU give each --threads cores).")
 @option(GRPOConfig, "report_to")
 @executor_options
-def train(envs, model, out_dir, no_resume, **kwargs):
+def train(envs, model, out_dir, no_resume, jobs, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
     OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume."""
     config = settings(GRPOConfig, kwargs)
@@ -641,8 +644,18 @@ def train(envs, model, out_dir, no_resume, **kwargs):
     from trainers.policy import load_policy, set_threads
 
     slugs = [resolve(env).parent.name for env in envs]  # every ENV and OUT checked before any work
+    twice = sorted({s for s in slugs if slugs.count(s) > 1})
+    if twice:
+        raise UsageError(f"ENVS name {', '.join(twice)} more than once: each adapter goes to "
+                         "OUT/<env slug>; give each env once")
     for slug in slugs:
         out_folder(Path(out_dir) / slug, "--out")
+    if jobs > 1 and len(envs) > 1:
+        if kwargs.get("executor", "local") != "local":
+            raise UsageError("--jobs trains adapters in processes on this machine; with --executor ray "
+                             "give --jobs 1 (the env steps spread over the cluster) or run one train "
+                             "per adapter")
+        return _train_jobs(envs, slugs, model, out_dir, no_resume, config, jobs)
     set_threads(config.threads)
     executor = executor_from(kwargs)
 
@@ -665,6 +678,27 @@ def train(envs, model, out_dir, no_resume, **kwargs):
             click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
     finally:
         executor.close()
+
+
+def _train_jobs(envs, slugs, model, out_dir, no_resume, config, workers) -> None:
+    """``train --jobs``: the adapters trained ``workers`` at a time (``trainers.parallel``)."""
+    from trainers.grpo import CHECKPOINT
+    from trainers.parallel import Interrupted, Job, train_many
+    jobs = [Job(slug, _model(model), env, str(Path(out_dir) / slug), config, base_model=model,
+                resume=not no_resume) for env, slug in zip(envs, slugs)]
+    click.echo(f"train {', '.join(slugs)} -> {out_dir}/ ({config.iterations} iterations each, "
+               f"{min(workers, len(jobs))} at a time)")
+    try:
+        with Display(f"training {len(jobs)} adapters") as display:
+            results = train_many(jobs, workers, progress=display)
+    except Interrupted as e:
+        for job in e.jobs:
+            click.echo(f"{job.name}: {_interrupted(Path(job.out) / CHECKPOINT)}", err=True)
+        sys.exit(130)
+    for job, r in zip(jobs, results):
+        curve = r["reward_curve"]
+        resumed = f"resumed at iteration {r['resumed_at']}; " if r["resumed_at"] is not None else ""
+        click.echo(f"  saved {job.out} ({resumed}reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
 
 
 def _interrupted(checkpoint: Path) -> str:

@@ -189,6 +189,7 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.learning_rate,
                                            weight_decay=self.config.weight_decay)
         self.iteration, self.env_seed_counter = 0, 0
+        self.resumed_at: int | None = None  # the checkpoint's iteration, when train() resumed from one
         self.history: list[dict] = []
         self._expected = 0  # expected_iterations' estimate under max_rollouts
 
@@ -327,6 +328,7 @@ class GRPOTrainer:
                         unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s,
                         executor=self.executor) as factory:
             if self.resume and self.load_checkpoint(factory.env_hash):
+                self.resumed_at = self.iteration
                 self._report(Step(f"resumed at iteration {self.iteration}", None, self.iteration,
                                   self.expected_iterations()))
             elif (self.out / CHECKPOINT).exists():

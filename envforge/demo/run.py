@@ -252,8 +252,7 @@ def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = Non
 
 def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
               progress: Tracker, label: str, max_rollouts: int | None = None) -> dict:
-    from trainers.grpo import GRPOTrainer
-    from trainers.policy import load_policy
+    from trainers.parallel import Job, run_job
     progress.begin(f"train {label}", f"{max_rollouts} rollouts (iterations of 4 x 4)" if max_rollouts
                    else f"{iterations} iterations of 4 x 4 rollouts")
 
@@ -262,12 +261,44 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
             s = step.record
             progress.step(step.done, step.total, f"iterations, reward {s.reward_mean:.2f}, "
                           f"{s.tokens_per_s:,.0f} tok/s", force=True)
-    trainer = GRPOTrainer(load_policy(model_dir, device=cfg.device), env, grpo_config(cfg, iterations, max_rollouts),
-                          out=out, base_model=str(model_dir), progress=show)
-    result = trainer.train()
-    return {"iterations": iterations, "rollouts": trainer.rollouts_spent(),
-            "reward_curve": result.manifest["reward_curve"],
-            "seconds_per_iteration": [h["seconds"] for h in result.history]}
+    job = Job(label, str(model_dir), str(env), str(out), grpo_config(cfg, iterations, max_rollouts),
+              base_model=str(model_dir))
+    return {"iterations": iterations, **_trained(run_job(job, show))}
+
+
+def train_adapters(cfg: DemoConfig, model_dir: Path, envs: dict[str, Path], adapters: Path,
+                   progress: Tracker) -> dict:
+    """One adapter per env, as many at once as ``train_workers`` says (``trainers.parallel``:
+    the adapters are those of one run after another)."""
+    from trainers.parallel import Job, train_many
+    workers = train_workers(cfg, len(envs))
+    progress.begin("train adapters", f"{len(envs)} x {cfg.iterations} iterations of 4 x 4 rollouts, "
+                   f"{workers} at a time")
+
+    def show(step):
+        if step.record is not None:
+            s = step.record
+            progress.step(step.done, step.total, f"iterations ({step.item}: reward {s.reward_mean:.2f}, "
+                          f"{s.tokens_per_s:,.0f} tok/s)", force=True)
+    jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name), grpo_config(cfg, cfg.iterations),
+                base_model=str(model_dir)) for cap, env in envs.items()]
+    return {job.name: {"iterations": cfg.iterations, **_trained(r)}
+            for job, r in zip(jobs, train_many(jobs, workers, show))}
+
+
+def train_workers(cfg: DemoConfig, n: int) -> int:
+    """Adapters trained at once: on a CPU, as many as there are cores for ``threads`` each; on a
+    GPU, all of them (each is a small model)."""
+    import os
+    if cfg.device != "cpu":
+        return max(1, n)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, cores // cfg.threads))
+
+
+def _trained(r: dict) -> dict:
+    return {"rollouts": r["rollouts"], "reward_curve": r["reward_curve"],
+            "seconds_per_iteration": r["seconds_per_iteration"]}
 
 
 def evaluate_method(policy, target: Path, seeds: list[int], cfg: DemoConfig) -> dict:
@@ -381,9 +412,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             shutil.rmtree(stale)
     results["training"] = {}
     with timed("train"):
-        for i, (cap, env) in enumerate(envs.items()):
-            results["training"][cap] = train_one(cfg, model_dir, env, adapters / env.name, cfg.iterations,
-                                                 progress, cap)
+        results["training"].update(train_adapters(cfg, model_dir, envs, adapters, progress))
         # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
         # dynamic sampling makes an iteration's rollouts vary)
         rollouts_adapters = sum(v["rollouts"] for v in results["training"].values())
