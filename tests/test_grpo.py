@@ -206,3 +206,14 @@ def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):
     assert len(spans["gen"]) >= 2 and spans["env"]
     overlaps = [(e, g) for e in spans["env"] for g in spans["gen"] if e[0] < g[1] and g[0] < e[1]]
     assert overlaps, f"no env step ran during a generation: {spans}"
+
+
+def test_a_checkpoint_stopped_between_its_two_renames_is_resumed(hermes_dir, env_dir, tmp_path):
+    """save_checkpoint moves the last checkpoint aside, then the new one in: stopped in between,
+    only checkpoint.old holds the run, and resuming must find it there."""
+    first, _ = _train(hermes_dir, env_dir, tmp_path, 2)
+    assert first.resumed_at is None
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")
+    trainer, result = _train(hermes_dir, env_dir, tmp_path, 3)
+    assert trainer.resumed_at == 2 and len(result.history) == 3
+    assert not (tmp_path / "checkpoint.old").exists()

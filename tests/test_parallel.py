@@ -39,6 +39,8 @@ def test_two_processes_make_the_adapters_one_after_another_makes(hermes_dir, env
     both = train_many(jobs(hermes_dir, env_dir, tmp_path / "b"), workers=2, progress=steps.append)
     for x, y in zip(alone, both):
         assert x["reward_curve"] == y["reward_curve"] and x["rollouts"] == y["rollouts"]
+    # each job of the second batch ran in a process of its own, at the same time
+    assert "pid" not in alone[0] and len({os.getpid(), *(r["pid"] for r in both)}) == 3
     for name in ("s0", "s1"):
         a, b = (load_file(str(tmp_path / d / name / "adapter_model.safetensors")) for d in "ab")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -100,8 +102,10 @@ def test_train_jobs_on_the_command_line_and_ctrl_c(hermes_dir, env_dir, tmp_path
             if seen == {"brevity", "brevity_two"}:
                 break
         (os.killpg if to == "group" else os.kill)(p.pid, signal.SIGINT)
-        # within parallel.UNWIND_S (60 s): a job that cannot end (its messages unread) is killed then
-        out, err = p.communicate(timeout=50)
+        try:
+            out, err = p.communicate(timeout=50)
+        except subprocess.TimeoutExpired:  # a job that cannot end is killed only after UNWIND_S (60 s)
+            pytest.fail("train --jobs 2 did not stop within 50 s of Ctrl-C")
     finally:
         p.kill()
     assert p.returncode == 130, err

@@ -215,7 +215,10 @@ class GRPOTrainer:
         return final
 
     def load_checkpoint(self, env_hash: str) -> bool:
-        ck = self.out / CHECKPOINT
+        ck, old = self.out / CHECKPOINT, self.out / (CHECKPOINT + ".old")
+        if not (ck / "state.json").is_file() and (old / "state.json").is_file():
+            shutil.rmtree(ck, ignore_errors=True)  # stopped between save_checkpoint's two renames
+            old.rename(ck)
         if not (ck / "state.json").is_file():
             return False
         state = json.loads((ck / "state.json").read_text())

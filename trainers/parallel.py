@@ -76,20 +76,41 @@ def run_job(job: Job, progress: Progress | None = None) -> dict:
 
 
 def _child(i: int, job: Job, channel) -> None:
-    """A job's process: its steps, then ("done", result) or why it did not finish."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the parent ignores it
+    """A job's process: its steps, then ("done", result) or why it did not finish. The first
+    SIGINT stops the run as Ctrl-C stops ``GRPOTrainer`` (its checkpoint stays); later ones are
+    ignored, so that unwinding (closing the sandboxes) is not cut short. A parent that dies
+    (killed, out of memory) gets its job stopped the same way, its last messages dropped."""
+    import threading
+    from multiprocessing import connection, parent_process
+
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, first)
+    orphan = threading.Event()
+
+    def watch(sentinel) -> None:
+        connection.wait([sentinel])
+        orphan.set()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=watch, args=(parent_process().sentinel,), daemon=True).start()
     try:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
         result = run_job(job, lambda step: channel.put(("step", i, step)))
-        channel.put(("done", i, result))
+        message = ("done", i, {**result, "pid": os.getpid()})
     except KeyboardInterrupt:
-        channel.put(("interrupted", i, None))
+        message = ("interrupted", i, None)
     except EnvforgeError as e:
-        channel.put(("error", i, (str(e), e.exit_code)))
+        message = ("error", i, (str(e), e.exit_code))
     except BaseException as e:  # noqa: BLE001 (a crash: its type and message, the parent says which job)
         import traceback
-        channel.put(("error", i, (f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}", 1)))
+        message = ("error", i, (f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}", 1))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if orphan.is_set():
+        channel.cancel_join_thread()  # nobody reads: exit without waiting to flush
+    else:
+        channel.put(message)
 
 
 def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = None) -> list[dict]:
@@ -98,45 +119,121 @@ def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = No
     names = [j.name for j in jobs]
     if len(set(names)) != len(names) or len({str(Path(j.out).resolve()) for j in jobs}) != len(jobs):
         raise ValueError("train_many: every job needs its own name and its own out folder")
-    count = _Count(progress, jobs)
+    batch = _Batch(jobs, _Count(progress, jobs))
     if workers <= 1 or len(jobs) <= 1:
-        return [run_job(j, lambda step, name=j.name: count(name, step)) for j in jobs]
-    ctx = multiprocessing.get_context("spawn")
-    channel = ctx.Queue()
-    results: dict[int, dict] = {}
-    failed: dict[int, tuple[str, int]] = {}
-    running: dict[int, Any] = {}
-    todo = list(range(len(jobs)))
-    try:
-        while todo or running:
-            while todo and len(running) < workers:
-                i = todo.pop(0)
-                running[i] = ctx.Process(target=_child, args=(i, jobs[i], channel), daemon=True,
-                                         name=f"envforge-train-{jobs[i].name}")
-                running[i].start()
+        batch.here()
+    else:
+        batch.processes(workers)
+    return batch.outcome()
+
+
+class _Batch:
+    """The jobs' state: results and failures by job index, the processes running."""
+
+    def __init__(self, jobs: list[Job], count: "_Count"):
+        self.jobs, self.count = jobs, count
+        self.results: dict[int, dict] = {}
+        self.failed: dict[int, tuple[str, int]] = {}
+        self.running: dict[int, Any] = {}
+        self.channel = None
+
+    def here(self) -> None:
+        for i, job in enumerate(self.jobs):
             try:
-                kind, i, value = channel.get(timeout=0.5)
+                self.results[i] = run_job(job, lambda step, name=job.name: self.count(name, step))
+            except KeyboardInterrupt:
+                raise Interrupted(self.jobs[i:]) from None
+            except EnvforgeError as e:
+                self.failed[i] = (str(e), e.exit_code)
+
+    def processes(self, workers: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.channel = ctx.Queue()
+        todo = list(range(len(self.jobs)))
+        try:
+            while todo or self.running:
+                while todo and len(self.running) < workers:
+                    i = todo.pop(0)
+                    self.running[i] = ctx.Process(target=_child, args=(i, self.jobs[i], self.channel),
+                                                  daemon=True, name=f"envforge-train-{self.jobs[i].name}")
+                    self.running[i].start()
+                try:
+                    self.handle(*self.channel.get(timeout=0.5))
+                except queues.Empty:
+                    pass
+                for i, p in list(self.running.items()):  # died without a word (killed, out of memory)
+                    if not p.is_alive():
+                        self.drain()
+                        if i in self.running:
+                            self.failed[i] = (f"its process died (exit code {p.exitcode})", 1)
+                            self.running.pop(i).join()
+        except KeyboardInterrupt:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: the jobs are stopping
+            try:
+                self.stop()
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            raise Interrupted([j for i, j in enumerate(self.jobs) if i not in self.results]) from None
+        except BaseException:
+            for p in self.running.values():
+                p.kill()
+                p.join()
+            raise
+
+    def handle(self, kind: str, i: int, value: Any) -> None:
+        if kind == "step":
+            self.count(self.jobs[i].name, value)
+            return
+        if kind == "done":
+            self.results[i] = value
+        elif kind == "error":
+            self.failed[i] = value
+        else:  # "interrupted": a SIGINT meant for it alone (the parent got none)
+            self.failed[i] = ("interrupted (its checkpoint stays; run again to resume)", 130)
+        p = self.running.pop(i, None)
+        if p is not None:
+            p.join()
+
+    def drain(self) -> None:
+        """The messages sent so far (a process that died may have sent its last)."""
+        while True:
+            try:
+                self.handle(*self.channel.get(timeout=0.2))
             except queues.Empty:
-                for i, p in list(running.items()):  # died without a word (killed, out of memory)
-                    if not p.is_alive() and i not in results and i not in failed:
-                        _drain(channel, count, jobs, results, failed)
-                        if i not in results and i not in failed:
-                            failed[i] = (f"its process died (exit code {p.exitcode})", 1)
-                        p.join()
-                        del running[i]
-                continue
-            _handle(kind, i, value, count, jobs, results, failed, running)
-    except KeyboardInterrupt:
-        left = [jobs[i] for i in sorted(running)] + [jobs[i] for i in todo]
-        _stop(running, channel)
-        raise Interrupted(left) from None
-    if failed:
-        i = min(failed)
-        message, code = failed[i]
-        done = [jobs[j].name for j in sorted(results)]
-        raise JobFailed(f"training {jobs[i].name} failed: {message}"
-                        + (f" (finished: {', '.join(done)})" if done else ""), code)
-    return [results[i] for i in range(len(jobs))]
+                return
+
+    def stop(self) -> None:
+        """After Ctrl-C: let the jobs stop (they got it from the terminal), else send it to them,
+        and kill what has not unwound within UNWIND_S. Their messages are read all the while: a
+        job cannot end while what it sent is still unread (and one may finish meanwhile)."""
+        def wait(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while any(p.is_alive() for p in self.running.values()) and time.monotonic() < end:
+                try:
+                    self.handle(*self.channel.get(timeout=0.1))
+                except queues.Empty:
+                    pass
+        wait(STOP_S)
+        for p in self.running.values():
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        wait(UNWIND_S)
+        for p in self.running.values():
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+    def outcome(self) -> list[dict]:
+        if self.failed:
+            i = min(self.failed)
+            message, code = self.failed[i]
+            done = [self.jobs[j].name for j in sorted(self.results)]
+            raise JobFailed(f"training {self.jobs[i].name} failed: {message}"
+                            + (f" (finished: {', '.join(done)})" if done else ""), code)
+        return [self.results[i] for i in range(len(self.jobs))]
 
 
 class _Count:
@@ -154,53 +251,3 @@ class _Count:
             self.total[name] = step.total or self.total[name]
             step = replace(step, done=sum(self.done.values()), total=sum(self.total.values()))
         self.progress(replace(step, item=name))
-
-
-def _handle(kind, i, value, count, jobs, results, failed, running) -> None:
-    if kind == "step":
-        count(jobs[i].name, value)
-        return
-    if kind == "done":
-        results[i] = value
-    elif kind == "error":
-        failed[i] = value
-    else:  # "interrupted": a SIGINT meant for it alone (the parent got none)
-        failed[i] = ("interrupted (its checkpoint stays; run again to resume)", 130)
-    p = running.pop(i, None)
-    if p is not None:
-        p.join()
-
-
-def _drain(channel, count, jobs, results, failed) -> None:
-    """The messages a process sent before it died."""
-    while True:
-        try:
-            kind, i, value = channel.get(timeout=0.2)
-        except queues.Empty:
-            return
-        _handle(kind, i, value, count, jobs, results, failed, {})
-
-
-def _stop(running: dict, channel) -> None:
-    """After Ctrl-C: let the jobs stop (they got it from the terminal), else send it to them, and
-    kill what has not unwound within UNWIND_S. The channel is read all the while: a job cannot
-    end while what it sent is still unread."""
-    def wait(seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while any(p.is_alive() for p in running.values()) and time.monotonic() < end:
-            try:
-                channel.get(timeout=0.1)
-            except queues.Empty:
-                pass
-    wait(STOP_S)
-    for p in running.values():
-        if p.is_alive():
-            try:
-                os.kill(p.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    wait(UNWIND_S)
-    for p in running.values():
-        if p.is_alive():
-            p.kill()
-        p.join()
