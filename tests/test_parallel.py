@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,61 @@ def test_train_jobs_usage_errors(hermes_dir, env_dir, tmp_path):
     r = subprocess.run(base + [str(env_dir), str(other), "--jobs", "2", "--executor", "ray"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "--jobs" in r.stderr and "Traceback" not in r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if int(fields.get("PPid", "0").strip() or 0) == pid:
+            out.append(int(status.parent.name))
+    return out
+
+
+def test_jobs_stop_when_their_parent_is_killed(hermes_dir, env_dir, tmp_path):
+    """The parent killed outright (no Ctrl-C handling, no atexit): each job stops as on Ctrl-C,
+    its checkpoint kept, instead of training on, or hanging with its messages unread."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from trainers.grpo_config import GRPOConfig
+from trainers.parallel import Job, train_many
+config = dict({CONFIG!r}, iterations=100000)
+jobs = [Job(f"s{{s}}", {str(hermes_dir)!r}, {str(env_dir)!r}, {str(tmp_path)!r} + f"/s{{s}}",
+            GRPOConfig(**config, seed=s)) for s in (0, 1)]
+train_many(jobs, 2, progress=lambda step: step.record and print(step.item, step.done, flush=True))
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    seen, jobs = set(), []
+
+    def running(pid: int) -> bool:
+        try:
+            return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+    try:
+        for line in p.stdout:  # wait until both jobs have made a checkpoint (every iteration here)
+            seen.add(line.split()[0])
+            if seen == {"s0", "s1"}:
+                break
+        jobs = _children(p.pid)  # the two jobs (and multiprocessing's resource tracker)
+        assert len(jobs) >= 2
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 60
+        while any(running(pid) for pid in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        alive = [pid for pid in jobs if running(pid)]
+        assert not alive, f"jobs {alive} still running 60 s after their parent was killed"
+    finally:
+        p.kill()
+        for pid in jobs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for s in ("s0", "s1"):
+        assert json.loads((tmp_path / s / "checkpoint" / "state.json").read_text())["iteration"] >= 1
