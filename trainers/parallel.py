@@ -22,7 +22,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from envforge.errors import EnvforgeError
 from envforge.progress import Progress, Step
@@ -75,7 +75,7 @@ def run_job(job: Job, progress: Progress | None = None) -> dict:
             "seconds_per_iteration": [h["seconds"] for h in result.history]}
 
 
-def _child(i: int, job: Job, channel) -> None:
+def _child(i: int, fn: Callable, job: Any, channel) -> None:
     """A job's process: its steps, then ("done", result) or why it did not finish. The first
     SIGINT stops the run as Ctrl-C stops ``GRPOTrainer`` (its checkpoint stays); later ones are
     ignored, so that unwinding (closing the sandboxes) is not cut short. A parent that dies
@@ -97,7 +97,7 @@ def _child(i: int, job: Job, channel) -> None:
     try:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-        result = run_job(job, lambda step: channel.put(("step", i, step)))
+        result = fn(job, lambda step: channel.put(("step", i, step)))
         message = ("done", i, {**result, "pid": os.getpid()})
     except KeyboardInterrupt:
         message = ("interrupted", i, None)
@@ -119,7 +119,18 @@ def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = No
     names = [j.name for j in jobs]
     if len(set(names)) != len(names) or len({str(Path(j.out).resolve()) for j in jobs}) != len(jobs):
         raise ValueError("train_many: every job needs its own name and its own out folder")
-    batch = _Batch(jobs, _Count(progress, jobs))
+    return run_many(run_job, jobs, workers, _Count(progress, jobs), "training")
+
+
+def run_many(fn: Callable[[Any, Progress], dict], jobs: list, workers: int = 1,
+             progress: Callable[[str, Step], None] | None = None, what: str = "running") -> list[dict]:
+    """``fn(job, progress)`` for every job, ``workers`` at a time in spawned processes (1: here),
+    with ``train_many``'s handling of progress, failures and Ctrl-C: the machinery under it, for
+    any work of that shape (``fn`` a module-level function, each job picklable with a ``name``).
+    ``progress`` gets (the job's name, its step); ``what`` begins a failure's message."""
+    if progress is None:
+        progress = lambda name, step: None  # noqa: E731
+    batch = _Batch(fn, jobs, progress, what)
     if workers <= 1 or len(jobs) <= 1:
         batch.here()
     else:
@@ -130,8 +141,8 @@ def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = No
 class _Batch:
     """The jobs' state: results and failures by job index, the processes running."""
 
-    def __init__(self, jobs: list[Job], count: "_Count"):
-        self.jobs, self.count = jobs, count
+    def __init__(self, fn: Callable, jobs: list, count: Callable[[str, Step], None], what: str):
+        self.fn, self.jobs, self.count, self.what = fn, jobs, count, what
         self.results: dict[int, dict] = {}
         self.failed: dict[int, tuple[str, int]] = {}
         self.running: dict[int, Any] = {}
@@ -140,7 +151,7 @@ class _Batch:
     def here(self) -> None:
         for i, job in enumerate(self.jobs):
             try:
-                self.results[i] = run_job(job, lambda step, name=job.name: self.count(name, step))
+                self.results[i] = self.fn(job, lambda step, name=job.name: self.count(name, step))
             except KeyboardInterrupt:
                 raise Interrupted(self.jobs[i:]) from None
             except EnvforgeError as e:
@@ -154,8 +165,8 @@ class _Batch:
             while todo or self.running:
                 while todo and len(self.running) < workers:
                     i = todo.pop(0)
-                    self.running[i] = ctx.Process(target=_child, args=(i, self.jobs[i], self.channel),
-                                                  daemon=True, name=f"envforge-train-{self.jobs[i].name}")
+                    self.running[i] = ctx.Process(target=_child, daemon=True, name=f"envforge-{self.jobs[i].name}",
+                                                  args=(i, self.fn, self.jobs[i], self.channel))
                     self.running[i].start()
                 try:
                     self.handle(*self.channel.get(timeout=0.5))
@@ -231,7 +242,7 @@ class _Batch:
             i = min(self.failed)
             message, code = self.failed[i]
             done = [self.jobs[j].name for j in sorted(self.results)]
-            raise JobFailed(f"training {self.jobs[i].name} failed: {message}"
+            raise JobFailed(f"{self.what} {self.jobs[i].name} failed: {message}"
                             + (f" (finished: {', '.join(done)})" if done else ""), code)
         return [self.results[i] for i in range(len(self.jobs))]
 

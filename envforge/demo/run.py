@@ -24,7 +24,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -268,12 +268,12 @@ def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations
 
 def train_adapters(cfg: DemoConfig, model_dir: Path, envs: dict[str, Path], adapters: Path,
                    progress: Tracker) -> dict:
-    """One adapter per env, as many at once as ``train_workers`` says (``trainers.parallel``:
+    """One adapter per env, as many at once as ``workers`` says (``trainers.parallel``:
     the adapters are those of one run after another)."""
     from trainers.parallel import Job, train_many
-    workers = train_workers(cfg, len(envs))
+    n = workers(cfg, len(envs))
     progress.begin("train adapters", f"{len(envs)} x {cfg.iterations} iterations of 4 x 4 rollouts, "
-                   f"{workers} at a time")
+                   f"{n} at a time")
 
     def show(step):
         if step.record is not None:
@@ -283,22 +283,49 @@ def train_adapters(cfg: DemoConfig, model_dir: Path, envs: dict[str, Path], adap
     jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name), grpo_config(cfg, cfg.iterations),
                 base_model=str(model_dir)) for cap, env in envs.items()]
     return {job.name: {"iterations": cfg.iterations, **_trained(r)}
-            for job, r in zip(jobs, train_many(jobs, workers, show))}
-
-
-def train_workers(cfg: DemoConfig, n: int) -> int:
-    """Adapters trained at once: on a CPU, as many as there are cores for ``threads`` each; on a
-    GPU, all of them (each is a small model)."""
-    import os
-    if cfg.device != "cpu":
-        return max(1, n)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, cores // cfg.threads))
+            for job, r in zip(jobs, train_many(jobs, n, show))}
 
 
 def _trained(r: dict) -> dict:
     return {"rollouts": r["rollouts"], "reward_curve": r["reward_curve"],
             "seconds_per_iteration": r["seconds_per_iteration"]}
+
+
+@dataclass
+class EvalJob:
+    """One method's evaluation (``evaluate_job``), in a process of its own or here."""
+    name: str
+    method: str  # base, routed, merged (the adapters folder), adapter (one adapter)
+    model: str
+    adapter: str | None
+    target: str
+    seeds: list[int]
+    cfg: DemoConfig
+
+
+def evaluate_job(job: EvalJob, progress=None) -> dict:
+    """The method's policy, made where this runs, evaluated on the job's target tasks."""
+    from trainers.policy import load_policy, set_threads
+    from trainers.router import RoutedPolicy, merged_policy
+    cfg = job.cfg
+    set_threads(cfg.threads)
+    if job.method == "routed":
+        policy = RoutedPolicy.load(job.model, job.adapter, examples=ROUTER_EXAMPLES, device=cfg.device)
+    elif job.method == "merged":
+        policy = merged_policy(job.model, job.adapter, device=cfg.device)
+    else:
+        policy = load_policy(job.model, adapter=job.adapter, device=cfg.device)
+    return evaluate_method(policy, Path(job.target), job.seeds, cfg)
+
+
+def workers(cfg: DemoConfig, n: int) -> int:
+    """Jobs (adapters to train, methods to evaluate) run at once: on a CPU, as many as there are
+    cores for ``threads`` each; on a GPU, all of them (each is a small model)."""
+    import os
+    if cfg.device != "cpu":
+        return max(1, n)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, cores // cfg.threads))
 
 
 def evaluate_method(policy, target: Path, seeds: list[int], cfg: DemoConfig) -> dict:
@@ -425,17 +452,17 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
                                       "base": 0}
 
     # 6. evaluate
-    from trainers.router import NONE, RoutedPolicy, find_adapters, merged_policy
+    from trainers.router import NONE, find_adapters
     seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks)]
     methods: dict[str, dict] = {}
     per_task: dict[str, dict[int, float]] = {}
     with timed("evaluate"):
-        def run(name: str, policy, task_seeds=seeds) -> dict:
-            progress.say(f"evaluate: {name} on {len(task_seeds)} tasks")
-            r = evaluate_method(policy, target, task_seeds, cfg)
-            per_task.setdefault(name, {}).update({e["seed"]: e["score"] for e in r["episodes"]})
-            return r
-        r = run("base", load_policy(model_dir, device=cfg.device))
+        def job(name: str, method: str, adapter: Path | None = None, task_seeds=seeds) -> EvalJob:
+            return EvalJob(name, method, str(model_dir), str(adapter) if adapter else None, str(target),
+                           list(task_seeds), cfg)
+        progress.say(f"evaluate: base on {len(seeds)} tasks")
+        r = evaluate_job(job("base", "base"))
+        per_task["base"] = {e["seed"]: e["score"] for e in r["episodes"]}
         kinds = {e["seed"]: e["skill"] for e in r["episodes"]}
         infos = find_adapters(adapters) if envs else []
         adapter_of = {}  # task kind -> adapter name
@@ -443,27 +470,32 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             fam = family_of(a.capability)
             if fam:
                 adapter_of[fam] = a.name
+        jobs = [job("grpo_target", "adapter", out / "grpo_target")]
         if infos:
-            routed = run("routed", RoutedPolicy.load(model_dir, adapters, examples=ROUTER_EXAMPLES,
-                                                        device=cfg.device))
+            jobs += [job("routed", "routed", adapters), job("merged", "merged", adapters)]
+            jobs += [job(f"oracle {kind}", "adapter", adapters / adapter_of[kind],
+                         [s for s in seeds if kinds[s] == kind])
+                     for kind in sorted(set(kinds.values())) if kind in adapter_of]
+        n = workers(cfg, len(jobs))
+        progress.say(f"evaluate: {', '.join(j.name for j in jobs)} on {len(seeds)} tasks ({n} at a time)")
+        from trainers.parallel import run_many
+        done = dict(zip((j.name for j in jobs), run_many(evaluate_job, jobs, n, what="evaluating")))
+        for name, r in done.items():
+            per_task.setdefault(name.split(" ")[0], {}).update({e["seed"]: e["score"] for e in r["episodes"]})
+        if infos:
+            routed = done["routed"]
             right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
             results["routing_accuracy"] = sum(right) / len(right)
             results["routes"] = {k: dict(sorted(__import__("collections").Counter(
                 rt["choice"] for rt in routed["routes"] if kinds[rt["seed"]] == k).items()))
                 for k in sorted(set(kinds.values()))}
-            run("merged", merged_policy(model_dir, adapters, device=cfg.device))
-            for kind in sorted(set(kinds.values())):
-                mine = [s for s in seeds if kinds[s] == kind]
-                if kind in adapter_of:
-                    run("oracle", load_policy(model_dir, adapter=adapters / adapter_of[kind],
-                                              device=cfg.device), mine)
-                else:
-                    per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in mine})
+            for kind in sorted(set(kinds.values())):  # a kind with no adapter: the oracle is the base
+                if kind not in adapter_of:
+                    per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in seeds if kinds[s] == kind})
         else:
             results["routing_accuracy"] = None
             for name in ("routed", "merged", "oracle"):
                 per_task[name] = dict(per_task["base"])
-        run("grpo_target", load_policy(model_dir, adapter=out / "grpo_target", device=cfg.device))
     for name in ("base", "routed", "merged", "grpo_target", "oracle"):
         scores = [per_task[name][s] for s in seeds]
         methods[name] = summary(scores)

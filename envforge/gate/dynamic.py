@@ -506,6 +506,13 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
                          f"{len(full)} of {len(eps)} seeds (e.g. seed {full[0]}); no seed may pay for "
                          "doing nothing or calling tools at random.")
     values = sorted({round(e.score, 4) for e in reference + perturbed + idle + rand if e.ok})
+    for _ in range(PARTIAL_CREDIT_ROUNDS):  # too few values may be the draw's luck: perturb afresh
+        if len(values) >= settings.partial_credit_values or not reference:
+            break
+        more = [host.episode("a", e.seed, scripted(perturb(e.actions, draws.rng.randrange(2**32))), "perturbed")
+                for e in reference]
+        perturbed += more
+        values = sorted(set(values) | {round(e.score, 4) for e in more if e.ok})
     stats["score_values"] = values[:20]
     if len(values) < settings.partial_credit_values:
         findings.add("partial_credit", f"episode scores under the probe policies take only the values "
@@ -629,6 +636,13 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
             findings.add("bounded", f"memory grows by {growth:.0f} MiB over {len(rows) * 3 // 4} resets of one "
                          f"instance (~{per:.0f} KiB a reset): training resets millions of times, so this "
                          "runs out of memory. Forget the last episode on reset.")
+
+
+#: more rounds of perturbed references when the probes saw fewer than ``partial_credit_values``
+#: scores: with few seeds (``--seeds 8``) every perturbation of a round can land on 0 or 1 by
+#: chance (measured on a good env: 3 values in one of 6 audits, at the bound), and an env that
+#: truly pays 0 or 1 gives no new value in any round
+PARTIAL_CREDIT_ROUNDS = 3
 
 
 _GATHERING = re.compile(r"gather|precondition|verif|look.?up|information|check|find", re.I)
