@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from trainers.grpo_config import GRPOConfig  # noqa: E402
-from trainers.parallel import Job, JobFailed, train_many  # noqa: E402
+from trainers.parallel import Job, JobFailed, run_many, train_many  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = dict(lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], num_groups=2,
@@ -64,6 +65,29 @@ def test_a_failing_job_is_named_and_the_others_finish(hermes_dir, env_dir, tmp_p
     assert str(e.value).startswith("training broken failed: ") and "finished: s0" in str(e.value)
     assert e.value.exit_code == 2  # the missing env's own error: an input error
     assert (tmp_path / "out" / "s0" / "adapter_model.safetensors").is_file()
+
+
+@dataclass
+class Item:
+    name: str
+    out: str
+
+
+def work(item: Item, progress) -> dict:
+    """A job for run_many (module-level: a spawned process imports it)."""
+    if item.name == "bad":
+        raise RuntimeError("boom")
+    return {"name": item.name}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_crashing_job_is_one_line_and_its_traceback_a_file(tmp_path, workers):
+    items = [Item("bad", str(tmp_path / "bad")), Item("good", str(tmp_path / "good"))]
+    with pytest.raises(JobFailed) as e:
+        run_many(work, items, workers, what="running")
+    log = tmp_path / "bad" / "crash.log"
+    assert str(e.value) == f"running bad failed: RuntimeError: boom (traceback in {log}) (finished: good)"
+    assert e.value.exit_code == 1 and "Traceback" in log.read_text() and "boom" in log.read_text()
 
 
 def test_jobs_need_their_own_out_folders(hermes_dir, env_dir, tmp_path):
@@ -121,6 +145,30 @@ def test_train_jobs_on_the_command_line_and_ctrl_c(hermes_dir, env_dir, tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(f"adapters/{slug} (resumed at iteration {n}; " in r.stdout for slug, n in done.items()), r.stdout
     assert all((tmp_path / "adapters" / s / "adapter_model.safetensors").is_file() for s in done)
+
+
+def test_ctrl_c_while_the_jobs_start(hermes_dir, env_dir, tmp_path):
+    """Ctrl-C while the jobs import (before they can take it): no traceback of theirs, and they
+    are stopped soon after, not left training."""
+    other = _second_env(env_dir, tmp_path)
+    args = [sys.executable, "-m", "envforge", "train", str(env_dir), str(other), "--model", str(hermes_dir),
+            "--out", str(tmp_path / "adapters"), "--groups", "1", "--group-size", "2", "--rank", "4",
+            "--max-new-tokens", "4", "--threads", "1", "--backend", "process", "--jobs", "2",
+            "--iterations", "100000"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    try:
+        assert p.stdout.readline().startswith("train brevity, brevity_two -> ")  # the jobs start now
+        time.sleep(0.05)  # the jobs import now (later, they take SIGINT themselves)
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=50)
+        except subprocess.TimeoutExpired:
+            pytest.fail("train --jobs 2 did not stop within 50 s of a Ctrl-C while its jobs started")
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted" in err, err
 
 
 def test_train_jobs_usage_errors(hermes_dir, env_dir, tmp_path):

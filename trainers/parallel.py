@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import queue as queues
 import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -80,13 +81,12 @@ def _child(i: int, fn: Callable, job: Any, channel) -> None:
     SIGINT stops the run as Ctrl-C stops ``GRPOTrainer`` (its checkpoint stays); later ones are
     ignored, so that unwinding (closing the sandboxes) is not cut short. A parent that dies
     (killed, out of memory) gets its job stopped the same way, its last messages dropped."""
-    import threading
     from multiprocessing import connection, parent_process
 
     def first(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, first)
+    signal.signal(signal.SIGINT, first)  # it started ignored (see _Batch.processes): now it stops the job
     orphan = threading.Event()
 
     def watch(sentinel) -> None:
@@ -101,16 +101,31 @@ def _child(i: int, fn: Callable, job: Any, channel) -> None:
         message = ("done", i, {**result, "pid": os.getpid()})
     except KeyboardInterrupt:
         message = ("interrupted", i, None)
-    except EnvforgeError as e:
-        message = ("error", i, (str(e), e.exit_code))
-    except BaseException as e:  # noqa: BLE001 (a crash: its type and message, the parent says which job)
-        import traceback
-        message = ("error", i, (f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}", 1))
+    except BaseException as e:  # noqa: BLE001 (the parent says which job)
+        message = ("error", i, _failure(job, e))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if orphan.is_set():
         channel.cancel_join_thread()  # nobody reads: exit without waiting to flush
     else:
         channel.put(message)
+
+
+def _failure(job: Any, e: BaseException) -> tuple[str, int]:
+    """A job's failure as (one line for a person, exit code): envforge's own errors as they are;
+    a crash (a bug) as its type and message, its traceback in the job's out folder if it has one."""
+    if isinstance(e, EnvforgeError):
+        return str(e), e.exit_code
+    import traceback
+    where = ""
+    out = getattr(job, "out", None)
+    if out:
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "crash.log").write_text(traceback.format_exc())
+            where = f" (traceback in {Path(out) / 'crash.log'})"
+        except OSError:
+            pass
+    return f"{type(e).__name__}: {e}{where}", 1
 
 
 def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = None) -> list[dict]:
@@ -154,8 +169,8 @@ class _Batch:
                 self.results[i] = self.fn(job, lambda step, name=job.name: self.count(name, step))
             except KeyboardInterrupt:
                 raise Interrupted(self.jobs[i:]) from None
-            except EnvforgeError as e:
-                self.failed[i] = (str(e), e.exit_code)
+            except Exception as e:  # noqa: BLE001 (as a job's process reports it)
+                self.failed[i] = _failure(job, e)
 
     def processes(self, workers: int) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -164,10 +179,21 @@ class _Batch:
         try:
             while todo or self.running:
                 while todo and len(self.running) < workers:
-                    i = todo.pop(0)
-                    self.running[i] = ctx.Process(target=_child, daemon=True, name=f"envforge-{self.jobs[i].name}",
-                                                  args=(i, self.fn, self.jobs[i], self.channel))
-                    self.running[i].start()
+                    i = todo[0]
+                    process = ctx.Process(target=_child, daemon=True, name=f"envforge-{self.jobs[i].name}",
+                                          args=(i, self.fn, self.jobs[i], self.channel))
+                    # the job starts with SIGINT ignored (inherited across exec; a mask is not):
+                    # a Ctrl-C while it imports would print its traceback; _child takes SIGINT
+                    # back, and stop() sends one to a job that missed it
+                    main = threading.current_thread() is threading.main_thread()
+                    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+                    try:
+                        process.start()
+                        self.running[todo.pop(0)] = process
+                    finally:
+                        if main:
+                            signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
+                                          else previous)
                 try:
                     self.handle(*self.channel.get(timeout=0.5))
                 except queues.Empty:
@@ -184,7 +210,8 @@ class _Batch:
                 self.stop()
             finally:
                 signal.signal(signal.SIGINT, previous)
-            raise Interrupted([j for i, j in enumerate(self.jobs) if i not in self.results]) from None
+            raise Interrupted([j for i, j in enumerate(self.jobs)  # not those that failed before
+                               if i not in self.results and self.failed.get(i, ("", 130))[1] == 130]) from None
         except BaseException:
             for p in self.running.values():
                 p.kill()
@@ -200,7 +227,7 @@ class _Batch:
         elif kind == "error":
             self.failed[i] = value
         else:  # "interrupted": a SIGINT meant for it alone (the parent got none)
-            self.failed[i] = ("interrupted (its checkpoint stays; run again to resume)", 130)
+            self.failed[i] = ("interrupted (a SIGINT to its process alone)", 130)
         p = self.running.pop(i, None)
         if p is not None:
             p.join()
@@ -214,24 +241,26 @@ class _Batch:
                 return
 
     def stop(self) -> None:
-        """After Ctrl-C: let the jobs stop (they got it from the terminal), else send it to them,
-        and kill what has not unwound within UNWIND_S. Their messages are read all the while: a
-        job cannot end while what it sent is still unread (and one may finish meanwhile)."""
-        def wait(seconds: float) -> None:
-            end = time.monotonic() + seconds
-            while any(p.is_alive() for p in self.running.values()) and time.monotonic() < end:
-                try:
-                    self.handle(*self.channel.get(timeout=0.1))
-                except queues.Empty:
-                    pass
-        wait(STOP_S)
-        for p in self.running.values():
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-        wait(UNWIND_S)
+        """After Ctrl-C: let the jobs stop (they got it from the terminal); after STOP_S send it
+        to those still running, again each second (a job still starting ignores it; a job
+        stopping already ignores the repeats), and kill what has not ended within UNWIND_S.
+        Their messages are read all the while: a job cannot end while what it sent is still
+        unread (and one may finish meanwhile)."""
+        now = time.monotonic()
+        end, send = now + UNWIND_S, now + STOP_S
+        while any(p.is_alive() for p in self.running.values()) and time.monotonic() < end:
+            if time.monotonic() >= send:
+                for p in self.running.values():
+                    if p.is_alive():
+                        try:
+                            os.kill(p.pid, signal.SIGINT)
+                        except ProcessLookupError:
+                            pass
+                send = time.monotonic() + 1.0
+            try:
+                self.handle(*self.channel.get(timeout=0.1))
+            except queues.Empty:
+                pass
         for p in self.running.values():
             if p.is_alive():
                 p.kill()
