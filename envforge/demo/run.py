@@ -11,10 +11,11 @@ Stages (each timed; see docs/demo.md):
    ``envforge.identify`` (structural labeller) reads them back;
 4. synth: ``synthesize_batch`` (template synthesizer) writes one env per retained capability,
    the gate audits each; ``calibrate`` measures the base agent on each accepted env;
-5. train: one LoRA adapter per env with ``GRPOTrainer``; the baseline GRPO-on-the-target gets
-   as many rollouts as the adapters together (``max_rollouts``);
+5. train: one LoRA adapter per env with ``GRPOTrainer``;
 6. evaluate on held-out target tasks: base, routed (``RoutedPolicy``), merged
-   (``merged_policy``), GRPO on the target, oracle routing (each task kind's own adapter);
+   (``merged_policy``), oracle routing (each task kind's own adapter), while beside them the
+   baseline, GRPO on the target, trains for as many rollouts as the adapters together
+   (``max_rollouts``); then the baseline is evaluated;
 7. report: results.json, figures, one HTML page, a table on stdout.
 """
 from __future__ import annotations
@@ -211,6 +212,15 @@ def expected_actions(factory, seeds: list[int]) -> list[list[dict]]:
         env.close()
 
 
+def task_kinds(factory, seeds: list[int]) -> dict[int, str | None]:
+    """Each task's kind: its reset's ``skill``, as an episode of it reports it."""
+    env = factory.make()
+    try:
+        return {s: env.reset(seed=s)[1].get("skill") for s in seeds}
+    finally:
+        env.close()
+
+
 def run_identify(cfg: DemoConfig, out: Path, policy, factory, target_folder: Path) -> dict:
     import torch
 
@@ -248,22 +258,6 @@ def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = Non
                       seed=cfg.seed, threads=cfg.threads, device=cfg.device, backend=cfg.backend,
                       temperature=cfg.temperature, top_p=cfg.top_p,
                       pool_size=cfg.pool_size, micro_batch_size=8)
-
-
-def train_one(cfg: DemoConfig, model_dir: Path, env: Path, out: Path, iterations: int,
-              progress: Tracker, label: str, max_rollouts: int | None = None) -> dict:
-    from trainers.parallel import Job, run_job
-    progress.begin(f"train {label}", f"{max_rollouts} rollouts (iterations of 4 x 4)" if max_rollouts
-                   else f"{iterations} iterations of 4 x 4 rollouts")
-
-    def show(step):
-        if step.record is not None:  # an iteration's statistics (not the step saying it resumed)
-            s = step.record
-            progress.step(step.done, step.total, f"iterations, reward {s.reward_mean:.2f}, "
-                          f"{s.tokens_per_s:,.0f} tok/s", force=True)
-    job = Job(label, str(model_dir), str(env), str(out), grpo_config(cfg, iterations, max_rollouts),
-              base_model=str(model_dir))
-    return {"iterations": iterations, **_trained(run_job(job, show))}
 
 
 def train_adapters(cfg: DemoConfig, model_dir: Path, envs: dict[str, Path], adapters: Path,
@@ -316,6 +310,13 @@ def evaluate_job(job: EvalJob, progress=None) -> dict:
     else:
         policy = load_policy(job.model, adapter=job.adapter, device=cfg.device)
     return evaluate_method(policy, Path(job.target), job.seeds, cfg)
+
+
+def stage_job(job, progress=None) -> dict:
+    """A job of the last stage, in a process of its own or here: the baseline's training
+    (``trainers.parallel.Job``) or a method's evaluation (``EvalJob``)."""
+    from trainers.parallel import run_job
+    return evaluate_job(job) if isinstance(job, EvalJob) else run_job(job, progress)
 
 
 def workers(cfg: DemoConfig, n: int) -> int:
@@ -405,6 +406,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
         # 3. identify
         with timed("identify"):
             report = run_identify(cfg, out, base, factory, tfolder)
+        seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks)]
+        kinds = task_kinds(factory, seeds)  # the evaluation's tasks: what each needs
     retained = [c for c in report["capabilities"] if c["retained"]]
     results["identified"] = [c["name"] for c in retained]
     results["identify"] = {"trajectories": report["trajectories"], "capabilities": [
@@ -440,62 +443,68 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     results["training"] = {}
     with timed("train"):
         results["training"].update(train_adapters(cfg, model_dir, envs, adapters, progress))
-        # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
-        # dynamic sampling makes an iteration's rollouts vary)
-        rollouts_adapters = sum(v["rollouts"] for v in results["training"].values())
-        results["training"]["grpo_target"] = train_one(
-            cfg, model_dir, target, out / "grpo_target", 4 * cfg.iterations * max(1, len(envs)),
-            progress, "GRPO on the target", max_rollouts=rollouts_adapters or cfg.iterations * 16)
-    results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
-                                      "oracle": rollouts_adapters,
-                                      "grpo_target": results["training"]["grpo_target"]["rollouts"],
-                                      "base": 0}
+    # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
+    # dynamic sampling makes an iteration's rollouts vary)
+    rollouts_adapters = sum(v["rollouts"] for v in results["training"].values())
 
-    # 6. evaluate
+    # 6. evaluate: GRPO on the target trains while the other methods are evaluated beside it, as
+    # many at once as there are cores, then it is evaluated
+    from trainers.parallel import Job, run_many
     from trainers.router import NONE, find_adapters
-    seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks)]
     methods: dict[str, dict] = {}
     per_task: dict[str, dict[int, float]] = {}
     with timed("evaluate"):
         def job(name: str, method: str, adapter: Path | None = None, task_seeds=seeds) -> EvalJob:
             return EvalJob(name, method, str(model_dir), str(adapter) if adapter else None, str(target),
                            list(task_seeds), cfg)
-        progress.say(f"evaluate: base on {len(seeds)} tasks")
-        r = evaluate_job(job("base", "base"))
-        per_task["base"] = {e["seed"]: e["score"] for e in r["episodes"]}
-        kinds = {e["seed"]: e["skill"] for e in r["episodes"]}
         infos = find_adapters(adapters) if envs else []
         adapter_of = {}  # task kind -> adapter name
         for a in infos:
             fam = family_of(a.capability)
             if fam:
                 adapter_of[fam] = a.name
-        jobs = [job("grpo_target", "adapter", out / "grpo_target")]
+        iterations = 4 * cfg.iterations * max(1, len(envs))
+        baseline = Job("GRPO on the target", str(model_dir), str(target), str(out / "grpo_target"),
+                       grpo_config(cfg, iterations, rollouts_adapters or cfg.iterations * 16),
+                       base_model=str(model_dir))
+        jobs = [baseline, job("base", "base")]
         if infos:
             jobs += [job("routed", "routed", adapters), job("merged", "merged", adapters)]
             jobs += [job(f"oracle {kind}", "adapter", adapters / adapter_of[kind],
                          [s for s in seeds if kinds[s] == kind])
                      for kind in sorted(set(kinds.values())) if kind in adapter_of]
         n = workers(cfg, len(jobs))
-        progress.say(f"evaluate: {', '.join(j.name for j in jobs)} on {len(seeds)} tasks ({n} at a time)")
-        from trainers.parallel import run_many
-        done = dict(zip((j.name for j in jobs), run_many(evaluate_job, jobs, n, what="evaluating")))
+        progress.say(f"evaluate: {', '.join(j.name for j in jobs[1:])} on {len(seeds)} tasks, beside "
+                     f"GRPO on the target ({baseline.config.max_rollouts} rollouts; {n} at a time)")
+
+        def show(name: str, step: Step) -> None:
+            if step.record is not None:  # the baseline's iterations
+                progress.step(step.done, step.total, f"iterations of GRPO on the target, reward "
+                              f"{step.record.reward_mean:.2f}", force=True)
+        done = dict(zip((j.name for j in jobs), run_many(stage_job, jobs, n, show, what="evaluate:")))
+        results["training"]["grpo_target"] = {"iterations": iterations, **_trained(done.pop(baseline.name))}
+        progress.say(f"evaluate: GRPO on the target on {len(seeds)} tasks")
+        done["grpo_target"] = evaluate_job(job("grpo_target", "adapter", out / "grpo_target"))
         for name, r in done.items():
             per_task.setdefault(name.split(" ")[0], {}).update({e["seed"]: e["score"] for e in r["episodes"]})
-        if infos:
-            routed = done["routed"]
-            right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
-            results["routing_accuracy"] = sum(right) / len(right)
-            results["routes"] = {k: dict(sorted(__import__("collections").Counter(
-                rt["choice"] for rt in routed["routes"] if kinds[rt["seed"]] == k).items()))
-                for k in sorted(set(kinds.values()))}
-            for kind in sorted(set(kinds.values())):  # a kind with no adapter: the oracle is the base
-                if kind not in adapter_of:
-                    per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in seeds if kinds[s] == kind})
-        else:
-            results["routing_accuracy"] = None
-            for name in ("routed", "merged", "oracle"):
-                per_task[name] = dict(per_task["base"])
+    results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
+                                      "oracle": rollouts_adapters,
+                                      "grpo_target": results["training"]["grpo_target"]["rollouts"],
+                                      "base": 0}
+    if infos:
+        routed = done["routed"]
+        right = [rt["choice"] == adapter_of.get(kinds[rt["seed"]], NONE) for rt in routed["routes"]]
+        results["routing_accuracy"] = sum(right) / len(right)
+        results["routes"] = {k: dict(sorted(__import__("collections").Counter(
+            rt["choice"] for rt in routed["routes"] if kinds[rt["seed"]] == k).items()))
+            for k in sorted(set(kinds.values()))}
+        for kind in sorted(set(kinds.values())):  # a kind with no adapter: the oracle is the base
+            if kind not in adapter_of:
+                per_task.setdefault("oracle", {}).update({s: per_task["base"][s] for s in seeds if kinds[s] == kind})
+    else:
+        results["routing_accuracy"] = None
+        for name in ("routed", "merged", "oracle"):
+            per_task[name] = dict(per_task["base"])
     for name in ("base", "routed", "merged", "grpo_target", "oracle"):
         scores = [per_task[name][s] for s in seeds]
         methods[name] = summary(scores)
