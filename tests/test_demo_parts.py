@@ -39,7 +39,8 @@ def test_target_passes_static_audit_and_expert_solves_it(target):
         episodes = play(factory, list(range(30)), DeficitRates(0.0, 0.0), random.Random(0))
         e = factory.make()
         try:
-            kinds = {task_kind(e.reset(seed=s)[0]["messages"][1]["content"]) for s in range(30)}
+            by_text = {s: task_kind(e.reset(seed=s)[0]["messages"][1]["content"]) for s in range(30)}
+            kinds = set(by_text.values())
             scores = []
             for s, msgs in zip(range(30), episodes):
                 e.reset(seed=s)
@@ -50,6 +51,8 @@ def test_target_passes_static_audit_and_expert_solves_it(target):
                 scores.append(total)
         finally:
             e.close()
+        from envforge.demo.run import task_kinds
+        assert task_kinds(factory, list(range(30))) == by_text  # the demo's kinds: each reset's skill
     assert kinds == {"precondition_verification", "confirmation_before_write", "status_lookup"}
     assert scores == [1.0] * 30
 
