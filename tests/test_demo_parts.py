@@ -111,6 +111,38 @@ def test_follow_through_teaches_what_follows_an_answer_not_the_question(tmp_path
     assert closes and all(c["tool_calls"][0]["function"]["name"] == "close_ticket" for c in closes)
 
 
+def test_check_through_teaches_what_follows_a_read_not_the_read(tmp_path):
+    """With the read skipped before every hurried close and check_through 1, the expert reads
+    anyway in each of those episodes, its read untrained: the trained turns read exactly as often
+    as without it, and after each untrained read comes a trained decision on what it said
+    (refuse a ticket that is not active, naming its status; close an active one)."""
+    from envforge.demo.run import play_expert
+    from trainers.rollout import EnvFactory
+
+    def reads(m):
+        return any(c["function"]["name"] == "get_ticket_details" for c in m.get("tool_calls") or [])
+    env = write_target(tmp_path / "practice", practice=True)
+    seeds = list(range(80))
+    with EnvFactory(env, size=2, backend="process") as factory:
+        plain = play(factory, seeds, DeficitRates(1.0, 0.0), random.Random(0))
+        check = play_expert(factory, seeds, DeficitRates(1.0, 0.0), random.Random(0), check_through=1.0)
+    trained_reads = [sum(reads(m) and m.get("train", True) for m in ep) for ep in check]
+    assert trained_reads == [sum(reads(m) for m in ep) for ep in plain]
+    changed = [ep for ep, before in zip(check, plain) if ep != before]
+    assert len(changed) >= 10
+    decisions = set()
+    for ep in changed:
+        r = next(j for j, m in enumerate(ep) if m["role"] == "assistant" and reads(m))
+        assert ep[r]["train"] is False and all("train" not in m for m in ep[r + 1:])
+        status = json.loads(ep[r + 1]["content"])["status"]
+        after = ep[r + 2]
+        if status == "active":
+            assert after["tool_calls"][0]["function"]["name"] == "close_ticket"
+        else:
+            assert "can't" in after["content"] and status in after["content"]
+        decisions.add(status == "active")
+    assert decisions == {True, False}
+
 def test_planted_deficits_are_what_identify_retains(target):
     """The ground truth of the demo: the expert's runs with the planted deficits, labelled by
     identify's structural rules, retain exactly the planted capabilities."""
