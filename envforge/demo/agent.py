@@ -254,12 +254,10 @@ def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epoc
         for b in torch.randperm(len(batches), generator=g).tolist():
             eps = [Episode(0, tokens=examples[i][0], mask=examples[i][1]) for i in batches[b]]
             ids, attn, mask = (t.to(model.device) for t in batch_tensors(eps, pad_id))
-            # the output head only where the loss counts (a step 25% faster: most tokens are
-            # the prompt's and the tools' results)
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
-            m = mask[:, 1:].bool()
-            logits = model.get_output_embeddings()(hidden[m]).float()
-            loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][m]) if m.any() else hidden.sum() * 0
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            m = mask[:, 1:]
+            loss = (nll * m).sum() / m.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             (loss + copy.loss(model) if copy is not None else loss).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
