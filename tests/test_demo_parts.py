@@ -143,6 +143,7 @@ def test_check_through_teaches_what_follows_a_read_not_the_read(tmp_path):
         decisions.add(status == "active")
     assert decisions == {True, False}
 
+
 def test_planted_deficits_are_what_identify_retains(target):
     """The ground truth of the demo: the expert's runs with the planted deficits, labelled by
     identify's structural rules, retain exactly the planted capabilities."""

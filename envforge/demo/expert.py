@@ -67,7 +67,7 @@ def _results(messages: list[dict], tool: str) -> list:
     return out
 
 
-def _called(messages: list[dict], tool: str) -> bool:
+def called(messages: list[dict], tool: str) -> bool:
     return any(c["function"]["name"] == tool for m in messages for c in m.get("tool_calls") or [])
 
 
@@ -93,7 +93,7 @@ def expert_action(messages: list[dict], skip: frozenset = frozenset()) -> dict:
     kind = task_kind(opening)
     key = TICKET.search(opening).group(0)
     n = sum(m["role"] == "assistant" for m in messages)
-    read = _called(messages, "get_ticket_details")
+    read = called(messages, "get_ticket_details")
     if kind == "status_lookup":
         if not read:
             return _call("get_ticket_details", {"ticket_id": key}, n)

@@ -87,13 +87,12 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random,
     Likewise, in a share ``check_through`` of the episodes whose close skips the read, the
     expert reads anyway, its turns up to the read untrained: the base learns what follows a read
     (refuse a ticket it may not close, naming its status; close one it may) without learning to
-    read more often. Without it a base reads in a quarter of its closes and then, some inits,
-    closes whatever the status says (measured: one init closed after reading a blocked ticket in
-    17 of 26 reads, others in 0: the adapter then has to teach that too, and seed 0's routed
-    score fell from 0.95 to 0.61)."""
+    read more often. (Without it, the seed 0 base of a rounding change closed after reading a
+    blocked ticket in 17 of 26 reads, and routed fell from 0.95 to 0.61; at 0.5, five seeds were
+    not better on the mean, so the demo leaves it at 0: docs/demo.md.)"""
     from concurrent.futures import ThreadPoolExecutor
 
-    from envforge.demo.expert import draw_deficits, expert_action, is_question
+    from envforge.demo.expert import called, draw_deficits, expert_action, is_question
     skips = [draw_deficits(rng, rates) for _ in seeds]
     follow = [follow_through > 0 and "confirmation_before_write" in s and rng.random() < follow_through
               for s in skips]
@@ -119,9 +118,6 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random,
         return [dict(m, train=False) if m["role"] == "assistant" and j <= last else m
                 for j, m in enumerate(msgs)]
 
-    def reads(m: dict) -> bool:
-        return any(c["function"]["name"] == "get_ticket_details" for c in m.get("tool_calls") or [])
-
     def one(i: int) -> list[dict]:
         if follow[i]:
             msgs = play(i, skips[i] - {"confirmation_before_write"})
@@ -129,9 +125,9 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random,
             if asked:
                 return untrained_to(msgs, asked[0])
         drawn = play(i, skips[i])
-        if check[i] and not any(reads(m) for m in drawn):
+        if check[i] and not called(drawn, "get_ticket_details"):
             msgs = play(i, skips[i] - {"precondition_verification"})
-            read = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and reads(m)]
+            read = [j for j, m in enumerate(msgs) if called([m], "get_ticket_details")]
             if read:
                 return untrained_to(msgs, read[0])
         return drawn
