@@ -7,9 +7,10 @@ A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU,
 node with one CPU joining it. Audits: ``--audits`` copies of the example env, each a Ray task of
 one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end. Env steps: one lease
 stepping alone (the per-step cost: a round trip to a sandbox), and all the leases of a pool of
-each ``--pool`` size stepping from as many threads (throughput, the shape of a rollout's wave),
-for ``sandbox.pool.SandboxPool`` and ``RayPool`` (whose leases on one actor send their steps
-together, one actor call per batch).
+each ``--pool`` size stepping from as many threads, then together in one ``call_all`` per
+step (a rollout's lane: ``envforge.gym.step_all``), for ``sandbox.pool.SandboxPool`` and ``RayPool``
+(whose calls to one actor travel together, one actor call per batch). Then the same lanes of
+the example env (a real env: a reset and a step of its plan per episode and round).
 
 Goals (issue 17): audits/min with 2 nodes >= 1.8x 1 node; env steps/s through Ray actors >= 0.5x
 the local pool. Both nodes share this machine's cores with everything else running on it: the
@@ -95,8 +96,41 @@ def steps_per_second(pool, steps: int, threads: int) -> dict:
     for w in workers:
         w.join()
     wall = time.perf_counter() - t0
+    leases = [pool.acquire(timeout=120) for _ in range(threads)]
+    try:  # a rollout's lane: every lease's step in one call_all (no thread per lease)
+        pool.call_all([(lease, "reset", 0) for lease in leases])
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            out = pool.call_all([(lease, "step", ACTION) for lease in leases])
+        lane = time.perf_counter() - t1
+        assert not any(isinstance(o, Exception) for o in out), out
+    finally:
+        for lease in leases:
+            lease.release()
     return {"step_ms": round(alone[0] / steps * 1000, 3),
-            "steps_per_s": round(threads * steps / wall, 1), "threads": threads}
+            "steps_per_s": round(threads * steps / wall, 1), "threads": threads,
+            "lane_steps_per_s": round(threads * steps / lane, 1)}
+
+
+def example_lane(pool, rounds: int, size: int) -> float:
+    """Env calls per second of a lane of ``size`` episodes of the example env (a real helpdesk
+    env): each round resets every episode, then steps each with its plan's first action, each
+    a call_all."""
+    source = (GOOD_DIR / "env.py").read_text()
+    assert pool.source == source
+    leases = [pool.acquire(timeout=120) for _ in range(size)]
+    try:
+        plans = [lease.solve(i) for i, lease in enumerate(leases)]
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            pool.call_all([(lease, "reset", i) for i, lease in enumerate(leases)])
+            out = pool.call_all([(lease, "step", plans[i][0]) for i, lease in enumerate(leases)])
+        s = time.perf_counter() - t0
+        assert not any(isinstance(o, Exception) for o in out), out
+    finally:
+        for lease in leases:
+            lease.release()
+    return round(2 * rounds * size / s, 1)
 
 
 def main() -> None:
@@ -125,6 +159,12 @@ def main() -> None:
             local.wait_warm(120)
             results["steps"][f"local pool, {size}"] = steps_per_second(local, args.steps, size)
             local.close()
+            local = SandboxPool((GOOD_DIR / "env.py").read_text(), size=size, backend=args.backend,
+                                limits=limits)
+            local.wait_warm(120)
+            results["steps"][f"local pool, {size}"]["example_calls_per_s"] = example_lane(
+                local, args.steps // 3, size)
+            local.close()
 
         os.environ.update(cluster.env)  # the cluster's token, read when ray is imported
         import ray
@@ -140,6 +180,11 @@ def main() -> None:
                 results["steps"][f"Ray actors, {nodes} node(s), {size}"] = {
                     **steps_per_second(pool, args.steps, size), "nodes_used": len(pool.nodes)}
                 pool.close()
+                pool = RayPool((GOOD_DIR / "env.py").read_text(), size=size, backend=args.backend,
+                               limits=limits)
+                results["steps"][f"Ray actors, {nodes} node(s), {size}"]["example_calls_per_s"] = \
+                    example_lane(pool, args.steps // 3, size)
+                pool.close()
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
@@ -149,8 +194,12 @@ def main() -> None:
 
     a1, a2 = results["audits"]["1 node(s)"], results["audits"]["2 node(s)"]
     results["audit_speedup_2_vs_1"] = round(a2["per_min"] / a1["per_min"], 2)
-    results["ray_vs_local_steps"] = {k: round(v["steps_per_s"] / results["steps"][
-        f"local pool, {k.rpartition(', ')[2]}"]["steps_per_s"], 2) for k, v in results["steps"].items()}
+    def versus(key: str) -> dict:
+        return {k: round(v[key] / results["steps"][f"local pool, {k.rpartition(', ')[2]}"][key], 2)
+                for k, v in results["steps"].items()}
+    results["ray_vs_local_steps"] = versus("steps_per_s")
+    results["ray_vs_local_lane_steps"] = versus("lane_steps_per_s")
+    results["ray_vs_local_example_calls"] = versus("example_calls_per_s")
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_before": [round(x, 2) for x in load0],
                           "load_after": [round(x, 2) for x in load1],
@@ -163,10 +212,16 @@ def main() -> None:
         print(f"| {k} | {v['seconds']} | {v['per_min']} | {v['nodes_used']} |")
     print(f"\n2 nodes vs 1: {results['audit_speedup_2_vs_1']}x (goal >= 1.8x)\n")
     print(f"| env steps ({args.steps} per lease), pool size | ms per step, one lease | steps/s, "
-          "every lease at once | vs local pool |")
-    print("|---|---|---|---|")
+          "a thread per lease | vs local pool | steps/s, a lane in one call_all | vs local pool |")
+    print("|---|---|---|---|---|---|")
     for k, v in results["steps"].items():
-        print(f"| {k} | {v['step_ms']} | {v['steps_per_s']:,} | {results['ray_vs_local_steps'][k]}x |")
+        print(f"| {k} | {v['step_ms']} | {v['steps_per_s']:,} | {results['ray_vs_local_steps'][k]}x "
+              f"| {v['lane_steps_per_s']:,} | {results['ray_vs_local_lane_steps'][k]}x |")
+    print(f"\n| example env, a lane's resets then steps ({args.steps // 3} rounds), pool size | "
+          "calls/s | vs local pool |")
+    print("|---|---|---|")
+    for k, v in results["steps"].items():
+        print(f"| {k} | {v['example_calls_per_s']:,} | {results['ray_vs_local_example_calls'][k]}x |")
     print(f"\nload average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} cores, shared)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

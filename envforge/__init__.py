@@ -6,9 +6,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``envforge.make`` and ``envforge.make_pool`` (envforge/gym.py), imported on first use so
+    """``envforge.make``, ``envforge.make_pool`` and ``envforge.step_all`` (envforge/gym.py), imported on first use so
     that ``import envforge`` does not load gymnasium (PEP 562)."""
-    if name in ("make", "make_pool"):
+    if name in ("make", "make_pool", "step_all"):
         from envforge import gym
         return getattr(gym, name)
     raise AttributeError(f"module 'envforge' has no attribute {name!r}")

@@ -32,7 +32,6 @@ import queue
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -272,47 +271,60 @@ class SandboxActor:
     """A Ray actor holding ``slots`` warm sandboxes (a local ``SandboxPool``, whose thread starts
     them and starts a replacement when one dies), each slot with the env loaded and an instance
     made. ``run`` takes the calls of several slots at once: one actor call per batch, not per
-    step, and the slots' sandboxes work in parallel."""
+    step, and the slots' sandboxes work in parallel (their requests sent together, then the
+    replies read: no thread per sandbox)."""
 
     def __init__(self, source: str, backend: str, limits: Limits | None, hash_seed: int,
                  slots: int = 1):
         self.pool = SandboxPool(source, size=slots, backend=backend, limits=limits,
                                 hash_seed=hash_seed)
         self.leases: list[Lease | None] = [None] * slots
-        self.threads = ThreadPoolExecutor(max_workers=slots) if slots > 1 else None
 
     def run(self, batch: list[tuple[int, list[tuple[str, Any]]]]) -> list[list[tuple]]:
         """For each (slot, calls) of ``batch``, its calls in order: a list of ("ok", value) or
-        ("error", failure) per call; the slots run in parallel."""
-        if self.threads is None or len(batch) == 1:
-            return [self._calls(slot, calls) for slot, calls in batch]
-        return list(self.threads.map(lambda item: self._calls(*item), batch))
+        ("error", failure) per call. The slots' n-th calls go out together (the pool's
+        ``call_all``): their sandboxes work in parallel."""
+        answers: list[list[tuple]] = [[] for _ in batch]
+        for n in range(max((len(calls) for _, calls in batch), default=0)):
+            sent = []
+            for i, (slot, calls) in enumerate(batch):
+                if n >= len(calls):
+                    continue
+                op, arg = calls[n]
+                try:
+                    lease = self._lease(slot)
+                except EnvforgeError as e:
+                    answers[i].append(("error", _failure(e)))
+                    continue
+                if op == "ready":
+                    answers[i].append(("ok", {"meta": lease.meta, "node": node_id()}))
+                else:
+                    sent.append((i, (lease, op, arg)))
+            results = self.pool.call_all([call for _, call in sent])
+            for (i, _), result in zip(sent, results):
+                answers[i].append(("error", _failure(result)) if isinstance(result, EnvforgeError)
+                                  else ("ok", result))
+        return answers
 
-    def _calls(self, slot: int, calls: list[tuple[str, Any]]) -> list[tuple]:
-        return [self._call(slot, op, arg) for op, arg in calls]
-
-    def _call(self, slot: int, op: str, arg: Any) -> tuple:
-        """``op``: reset, step, solve, or ready (the env's meta and this node's id)."""
-        try:
-            lease = self.leases[slot]
-            if lease is None or lease.sandbox.closed:
-                if lease is not None:
-                    lease.release()
+    def _lease(self, slot: int) -> Lease:
+        """The slot's sandbox (a fresh one from the pool when it died)."""
+        lease = self.leases[slot]
+        if lease is None or lease.sandbox.closed:
+            if lease is not None:
+                lease.release()
+            try:
                 lease = self.leases[slot] = self.pool.acquire(timeout=120)
-            if op == "ready":
-                return "ok", {"meta": lease.meta, "node": node_id()}
-            return "ok", getattr(lease, op)(arg)
-        except EnvforgeError as e:
-            return "error", _failure(e)
-        except TimeoutError as e:
-            return "error", ("SandboxUnavailable", str(e))
+            except TimeoutError as e:
+                raise SandboxUnavailable(str(e)) from None
+        return lease
 
 
 class _Request:
-    """One sandbox call waiting for its batch."""
+    """One sandbox call waiting for its batch; ``whole``: sent with all the calls its caller had
+    for this actor (``RayPool.call_all``), so the batch need not wait for more."""
 
-    def __init__(self, slot: int, op: str, arg: Any):
-        self.slot, self.op, self.arg = slot, op, arg
+    def __init__(self, slot: int, op: str, arg: Any, whole: bool = False):
+        self.slot, self.op, self.arg, self.whole = slot, op, arg, whole
         self.result: tuple | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -363,11 +375,23 @@ class RemoteActor:
 
     def call(self, slot: int, op: str, arg: Any) -> Any:
         request = _Request(slot, op, arg)
+        self.submit([request])
+        return self.answer(request)
+
+    def submit(self, requests: list["_Request"]) -> None:
+        """Queue calls for the next batch (a dead actor: each fails with SandboxUnavailable)."""
         with self._cond:
-            if self.dead:
-                raise SandboxUnavailable("this sandbox's actor is gone")
-            self._queue.append(request)
-            self._cond.notify()
+            if not self.dead:
+                self._queue += requests
+                self._cond.notify()
+                return
+        for r in requests:
+            r.error = SandboxUnavailable("this sandbox's actor is gone")
+            r.done.set()
+
+    @staticmethod
+    def answer(request: "_Request") -> Any:
+        """Wait for a queued call; its value, or its error raised."""
         request.done.wait()
         if request.error is not None:
             raise request.error
@@ -385,6 +409,7 @@ class RemoteActor:
                 # once): wait for them a moment, to send them in the same actor call
                 deadline = time.monotonic() + GATHER_S
                 while (0 < len(self._queue) < self.leased and not self.dead
+                       and not any(r.whole for r in self._queue)
                        and self._cond.wait(max(0.0, deadline - time.monotonic()))):
                     pass
                 batch, self._queue = self._queue, []
@@ -585,6 +610,25 @@ class RayPool:
                 self.actors.append(actor)
                 self._all.append(lease)
         self._idle.put(lease)
+
+    def call_all(self, calls: list[tuple[Lease, str, Any]]) -> list:
+        """Several leases' calls at once, each ``(lease, op, arg)`` as for
+        ``SandboxPool.call_all``: one actor call per actor, the actors' calls in flight together.
+        Returns, per call, its value or the ``EnvforgeError`` it raised."""
+        requests = [(lease.sandbox.actor, _Request(lease.sandbox.slot, op, arg, whole=True))
+                    for lease, op, arg in calls]
+        by_actor: dict = {}
+        for actor, request in requests:
+            by_actor.setdefault(actor, []).append(request)
+        for actor, batch in by_actor.items():
+            actor.submit(batch)
+        out: list = []
+        for actor, request in requests:
+            try:
+                out.append(actor.answer(request))
+            except EnvforgeError as e:
+                out.append(e)
+        return out
 
     def wait_warm(self, timeout: float = 60.0) -> None:
         """The actors are warm once the pool is made (the constructor waits)."""

@@ -37,6 +37,10 @@ next ``reset`` gets a fresh sandbox. Nothing outlives ``close()``.
 Threads: a process sandbox dies with the thread that started it (PR_SET_PDEATHSIG), so make an
 env in the thread that steps it, or lease its sandboxes from a pool (``make_pool``), whose own
 thread starts them.
+
+Many envs of one pool step together with ``step_all(envs, actions)``: the requests go out at
+once and the sandboxes work in parallel (one actor call per node for a Ray pool), with no
+thread per env; each env gets its result or its error, as ``step`` would give it.
 """
 from __future__ import annotations
 
@@ -44,13 +48,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Limits, assistant,
                                message_problem, tool_call)
-from envforge.errors import ActionError, EnvCallError, InputError, SandboxError, UsageError
+from envforge.errors import (ActionError, EnvCallError, EnvforgeError, InputError, SandboxError,
+                             UsageError)
 from envforge.gate import resolve_env
 from envforge.gate.static import audit_static
 from sandbox.base import Backend, get_backend
@@ -235,18 +240,24 @@ class SandboxEnv(gymnasium.Env):
         self._sandbox = self._lease = None
 
     def _call(self, op: str, arg: Any) -> list:
+        self._ensure()
+        try:
+            return getattr(self._sandbox, op)(self._instance, arg)
+        except (EnvCallError, SandboxError) as e:
+            self._failed(e)
+            raise
+
+    def _ensure(self) -> None:
+        """A live sandbox: a new one when the last died."""
         if self._sandbox is None or self._sandbox.closed:
             self._drop()
             self._connect()
-        try:
-            return getattr(self._sandbox, op)(self._instance, arg)
-        except EnvCallError:
-            self._live = False
-            raise
-        except SandboxError:
-            self._live = False
+
+    def _failed(self, e: EnvforgeError) -> None:
+        """A call failed: the episode is over; a sandbox that broke is let go."""
+        self._live = False
+        if isinstance(e, SandboxError):
             self._drop()
-            raise
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
@@ -257,6 +268,10 @@ class SandboxEnv(gymnasium.Env):
         return obs, info
 
     def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
+        self._check_step(action)
+        return self._stepped(self._call("step", action))
+
+    def _check_step(self, action: dict) -> None:
         if not self._live:
             raise UsageError("step() before reset(), or after the episode ended (terminated, "
                              "truncated, or an error): call reset()")
@@ -265,7 +280,10 @@ class SandboxEnv(gymnasium.Env):
             raise ActionError(f"step(action): the action must be an assistant message, e.g. "
                               f"{{'role': 'assistant', 'content': 'Hello'}} or one with tool_calls; "
                               f"{problem or 'got role ' + repr(action['role'])}")
-        obs, reward, terminated, truncated, info = self._call("step", action)
+
+    def _stepped(self, result: Any) -> tuple[dict, float, bool, bool, dict]:
+        """The host's checks and turn count on what the env's step returned."""
+        obs, reward, terminated, truncated, info = result
         if (not isinstance(reward, (int, float)) or isinstance(reward, bool)
                 or not isinstance(terminated, bool) or not isinstance(truncated, bool)):
             self._live = False
@@ -291,6 +309,43 @@ class SandboxEnv(gymnasium.Env):
             self._drop()
         except Exception:
             pass
+
+
+def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:
+    """``env.step(action)`` for each pair, the steps sent together when the envs are leased from
+    one pool that can (its ``call_all``): their sandboxes work in parallel, and a ``RayPool``
+    sends one actor call per node, not one per env. Returns, per env, its step's result or the
+    ``EnvforgeError`` that ``step`` would have raised."""
+    out: list = [None] * len(envs)
+    ready = []
+    for i, (env, action) in enumerate(zip(envs, actions, strict=True)):
+        try:
+            env._check_step(action)
+            env._ensure()
+            ready.append(i)
+        except EnvforgeError as e:
+            out[i] = e
+    pools = {id(envs[i].pool) for i in ready}
+    pool = envs[ready[0]].pool if ready else None
+    if len(pools) == 1 and hasattr(pool, "call_all"):
+        answers = pool.call_all([(envs[i]._lease, "step", actions[i]) for i in ready])
+    else:
+        answers = []
+        for i in ready:
+            try:
+                answers.append(envs[i]._call("step", actions[i]))
+            except EnvforgeError as e:
+                answers.append(e)
+    for i, answer in zip(ready, answers):
+        try:
+            if isinstance(answer, EnvforgeError):
+                if isinstance(answer, (EnvCallError, SandboxError)):
+                    envs[i]._failed(answer)
+                raise answer
+            out[i] = envs[i]._stepped(answer)
+        except EnvforgeError as e:
+            out[i] = e
+    return out
 
 
 def make(path_or_slug: str | Path, backend: str | Backend = "auto", *, pool: Any = None,

@@ -32,11 +32,11 @@ import select
 import signal
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, NoReturn, Sequence
 
 from envforge.contract import Limits
-from envforge.errors import (EnvCallError, SandboxCrashed, SandboxError, SandboxProtocolError,
-                             SandboxTimeout, UsageError)
+from envforge.errors import (EnvCallError, EnvforgeError, SandboxCrashed, SandboxError,
+                             SandboxProtocolError, SandboxTimeout, UsageError)
 
 
 SPIN_S = 200e-6
@@ -44,6 +44,7 @@ IDLE_CHECK_S = 0.5            # a call after this long without one checks the sa
 IDLE_CPU_S = 0.1              # CPU seconds a sandbox may use while idle, beyond
 IDLE_CPU_PER_CALL_S = 0.001   # this much per call answered (the runner spins SPIN_S per wait)
 REMARK_S = 0.01               # after a call this long, the idle check marks the clock afresh
+LATE_READ_S = 0.25            # call_all: a reply read late gets this long to come in from then
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy: set = set()         # the sandboxes of this process with a call waiting for a reply
 _SPIN_MAX = max(1, (os.cpu_count() or 1) // 2)  # calls in flight that may spin: half the cores
@@ -223,6 +224,11 @@ class Sandbox:
 
     # ---------------------------------------------------------------- protocol
     def call(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+        return self._receive(self._send(op, timeout, fields))
+
+    def _send(self, op: str, timeout: float | None, fields: dict) -> tuple:
+        """A call's first half: the request is sent; returns what ``_receive`` needs. Between
+        the two the sandbox counts as waiting for a reply (``calls_in_flight``)."""
         if self.closed:
             raise SandboxCrashed("the sandbox was closed or killed earlier; start a new one")
         self._next_id += 1
@@ -233,29 +239,31 @@ class Sandbox:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
         started = time.monotonic()
-        deadline, late = started + timeout, "read its request"
         _busy.add(self)  # one call at a time per sandbox; set.add is atomic
         try:
             if started - self._replied >= IDLE_CHECK_S:  # reading the CPU clock costs: rarely
                 self._check_idle()
-            self.transport.send(line.encode(), deadline)
-            late = "answer"
-            raw = self.transport.recv_line(deadline - time.monotonic(), self.limits.max_message_bytes)
+            self.transport.send(line.encode(), started + timeout)
+        except BaseException as e:
+            _busy.discard(self)
+            self._failed(op, e, timeout, "read its request")
+        return op, timeout, started
+
+    def _receive(self, sent: tuple, late: float = 0.0) -> Any:
+        """A call's second half: its reply, read within the call's time from ``_send``, or
+        within ``late`` seconds from now if that is longer (``call_all`` reads a reply late
+        when an earlier sandbox was slow: the reply may be in, or stuck behind a full pipe
+        that nobody read)."""
+        op, timeout, started = sent
+        try:
+            raw = self.transport.recv_line(max(started + timeout - time.monotonic(), late),
+                                           self.limits.max_message_bytes)
             self._replied = time.monotonic()
             self._calls, self._busy = self._calls + 1, self._busy + self._replied - started
             if self._replied - started >= REMARK_S:  # a slow call: reading the clock is cheap
                 self._check_idle(check=False)
-        except SandboxTimeout:
-            self.kill()
-            raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "
-                                 "killed") from None
-        except SandboxError as e:
-            why = self.transport.describe_exit()
-            self.kill()
-            raise type(e)(f"{op}: {e}" + (f" ({why})" if why else "")) from None
-        except BaseException:  # Ctrl-C mid-call: the reply would come out of step; stop it now
-            self.kill()
-            raise
+        except BaseException as e:
+            self._failed(op, e, timeout, "answer")
         finally:
             _busy.discard(self)
         try:
@@ -276,6 +284,19 @@ class Sandbox:
                                        f"object: {raw[:120]!r}")
         raise EnvCallError(str(err.get("kind", "env")), str(err.get("type", "")),
                            str(err.get("message", "")), str(err.get("traceback", "")))
+
+    def _failed(self, op: str, e: BaseException, timeout: float, late: str) -> NoReturn:
+        """A call broke at the boundary: the sandbox is killed (Ctrl-C too: a reply would come
+        out of step) and the error says which call and why."""
+        timed_out = isinstance(e, SandboxTimeout)
+        why = self.transport.describe_exit() if isinstance(e, SandboxError) and not timed_out else ""
+        self.kill()
+        if timed_out:
+            raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "
+                                 "killed") from None
+        if isinstance(e, SandboxError):
+            raise type(e)(f"{op}: {e}" + (f" ({why})" if why else "")) from None
+        raise e
 
     # ---------------------------------------------------------------- env operations
     def load(self, source: str, filename: str = "env.py") -> dict:
@@ -322,6 +343,37 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.kill()
+
+
+def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
+    """Calls to several sandboxes at once, each ``(sandbox, op, fields)`` as for ``call``: every
+    request is sent, then every reply read, so the sandboxes work in parallel without a thread
+    each. Returns, per call, its value or the ``EnvforgeError`` it raised (a sandbox that broke
+    is killed, as by ``call``). At most one call per sandbox. An interrupt (Ctrl-C) kills the
+    sandboxes whose replies were not read yet: they would come out of step."""
+    if len({id(c[0]) for c in calls}) < len(calls):
+        raise ValueError("call_all: at most one call per sandbox")
+    sent: list = []
+    out: list = []
+    try:
+        for sandbox, op, fields in calls:
+            try:
+                sent.append(sandbox._send(op, None, fields))
+            except EnvforgeError as e:
+                sent.append(e)
+        for (sandbox, _, _), pending in zip(calls, sent):
+            try:
+                out.append(pending if isinstance(pending, EnvforgeError)
+                           else sandbox._receive(pending, LATE_READ_S))
+            except EnvforgeError as e:
+                out.append(e)
+        return out
+    except BaseException:
+        for (sandbox, _, _), pending in list(zip(calls, sent))[len(out):]:
+            if not isinstance(pending, EnvforgeError):
+                _busy.discard(sandbox)
+                sandbox.kill()
+        raise
 
 
 class Backend(ABC):

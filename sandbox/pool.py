@@ -29,7 +29,10 @@ from typing import Any
 
 from envforge.contract import Limits
 from envforge.errors import EnvforgeError, SandboxUnavailable, UsageError
-from sandbox.base import Backend, Sandbox, get_backend
+from sandbox.base import Backend, Sandbox, call_all, get_backend
+
+#: what each lease operation sends besides the instance
+ARGUMENT = {"reset": "seed", "step": "action", "solve": "seed"}
 
 #: Consecutive failures to start a sandbox after which the pool gives up (and says why).
 MAX_START_FAILURES = 3
@@ -151,6 +154,14 @@ class SandboxPool:
             lease.released = False
             lease.uses += 1
             return lease
+
+    def call_all(self, calls: list[tuple[Lease, str, Any]]) -> list:
+        """Several leases' calls at once, each ``(lease, op, arg)`` with ``op`` reset, step or
+        solve (``arg`` as for that method): sent together, so their sandboxes work in parallel
+        (``sandbox.base.call_all``). Returns, per call, its value or the ``EnvforgeError`` it
+        raised. At most one call per lease."""
+        return call_all([(lease.sandbox, op, {"instance": lease.instance, ARGUMENT[op]: arg})
+                         for lease, op, arg in calls])
 
     async def acquire_async(self, timeout: float | None = None) -> Lease:
         """``acquire`` for asyncio code; a cancelled wait hands the sandbox it got back."""

@@ -183,12 +183,12 @@ def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):
 
     policy = load_policy(hermes_dir)
     spans = {"env": [], "gen": []}
-    step, generate = rollout._step, policy.generate
+    step, generate = rollout._step_lane, policy.generate
 
-    def timed_step(ep, action):
+    def timed_step(live, actions):
         t = _time.perf_counter()
-        _time.sleep(0.05)  # a slow env step, on the host side of the sandbox call
-        out = step(ep, action)
+        _time.sleep(0.05)  # a slow env step, on the host side of the sandbox calls
+        out = step(live, actions)
         spans["env"].append((t, _time.perf_counter()))
         return out
 
@@ -198,7 +198,7 @@ def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):
         spans["gen"].append((t, _time.perf_counter()))
         return out
 
-    monkeypatch.setattr(rollout, "_step", timed_step)
+    monkeypatch.setattr(rollout, "_step_lane", timed_step)
     monkeypatch.setattr(policy, "generate", timed_generate)
     with EnvFactory(env_dir, size=4, backend="process") as factory:
         episodes = run_episodes(policy, factory, [1, 1, 2, 2], max_new_tokens=4)

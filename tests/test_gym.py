@@ -308,3 +308,70 @@ def test_backends_by_name():
     with pytest.raises(UsageError, match="^unknown sandbox backend 'vm'; choose auto, process, "
                                          "docker, unsafe-inprocess$"):
         get_backend("vm")
+
+
+def steps_alone(seed: int, actions: list, where=SLUG) -> list:
+    """What env.step returns for ``actions`` on a fresh episode of ``seed``, one env alone."""
+    env = envforge.make(where, backend="process", hash_seed=MARK, **FAST)
+    try:
+        env.reset(seed=seed)
+        return [env.step(action) for action in actions]
+    finally:
+        env.close()
+
+
+def test_step_all_steps_a_pools_envs_together_as_step_would(no_leak):
+    """step_all gives each env what env.step gives it (the same episodes as one at a time), in
+    one call_all of the pool; a refused action or an env outside its episode gets its own error
+    and the others step on."""
+    pool = envforge.make_pool(SLUG, size=4, backend="process", hash_seed=MARK, **FAST)
+    envs = [envforge.make(SLUG, pool=pool) for _ in range(4)]
+    try:
+        batches = []
+        call_all = pool.call_all
+        pool.call_all = lambda calls: batches.append(len(calls)) or call_all(calls)
+        plans = [env.unwrapped.solve(seed) for env, seed in zip(envs, (1, 2, 3, 4))]
+        for env, seed in zip(envs[:3], (1, 2, 3)):
+            env.reset(seed=seed)  # envs[3] is not in an episode
+        wrong = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "get_order",
+                                                         "arguments": '{"order_id": "nope"}'}}]}
+        out = envforge.step_all(envs, [plans[0][0], wrong, "hello", plans[3][0]])
+        assert batches == [2]  # the two steps that could go, in one call
+        assert isinstance(out[2], ValueError) and "must be an assistant message" in str(out[2])
+        assert isinstance(out[3], UsageError) and "before reset" in str(out[3])
+        later = envforge.step_all(envs[:2], [plans[0][1], plans[1][0]])
+        assert batches == [2, 2]
+        # each env got what env.step gives on its own episode
+        assert [out[0], later[0]] == steps_alone(1, plans[0][:2])
+        assert [out[1], later[1]] == steps_alone(2, [wrong, plans[1][0]])
+        assert out[0] != out[1]
+    finally:
+        for env in envs:
+            env.close()
+        pool.close()
+
+
+def test_step_all_ends_only_the_episode_whose_sandbox_hung(tmp_path, no_leak):
+    """A sandbox that hangs mid step_all: that env gets SandboxTimeout (the sandbox killed) and
+    its next reset a fresh sandbox; the other env's step is answered as env.step would."""
+    hang = next(v.source for v in variants() if v.name == "hang")
+    env_dir = write_env(tmp_path / "hang", hang)
+    pool = envforge.make_pool(env_dir, size=2, backend="process", hash_seed=MARK, **FAST)
+    envs = [envforge.make(env_dir, pool=pool) for _ in range(2)]
+    try:
+        plan = envs[1].unwrapped.solve(2)
+        for env, seed in zip(envs, (1, 2)):
+            env.reset(seed=seed)
+        first = envs[0].unwrapped._sandbox
+        out = envforge.step_all(envs, [{"role": "assistant", "content": "anything else?"}, plan[0]])
+        assert isinstance(out[0], SandboxTimeout) and "step did not answer within 1 s" in str(out[0])
+        assert out[1] == steps_alone(2, plan[:1], where=env_dir)[0]
+        assert first.closed and envs[0].unwrapped._sandbox is None
+        with pytest.raises(UsageError):
+            envs[0].step({"role": "assistant", "content": "hi"})
+        assert play(envs[0], 4)[0] == 1.0  # a fresh sandbox from the pool
+    finally:
+        for env in envs:
+            env.close()
+        pool.close()

@@ -244,3 +244,98 @@ def test_close_kills_lent_sandboxes_too(pool):
 def test_a_pool_needs_a_size():
     with pytest.raises(UsageError, match="a pool needs at least one sandbox, got size=0"):
         SandboxPool(GOOD_ENV, size=0)
+
+
+#: an env whose step answers by its action: "boom" raises, "die" kills the runner, else an echo
+BY_ACTION = env_with(step='''
+content = action.get("content") or ""
+if content == "boom":
+    raise ValueError("boom")
+if content == "die":
+    import os
+    os._exit(3)
+if content == "hang":
+    while True:
+        pass
+if content == "big":  # a reply too long for the shared memory: it comes on the pipe
+    return {"messages": [{"role": "user", "content": "x" * (3 << 19)}]}, 0.0, False, False, {}
+return {"messages": [{"role": "user", "content": "echo " + content}]}, 0.0, False, False, {}
+''')
+
+
+def say(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def leases_of(p, n: int) -> list:
+    leases = [p.acquire(timeout=30) for _ in range(n)]
+    for i, lease in enumerate(leases):
+        lease.reset(i)
+    return leases
+
+
+def test_call_all_sends_every_request_before_reading_a_reply(pool):
+    p = pool(BY_ACTION, size=3)
+    leases = leases_of(p, 3)
+    events = []
+    for i, lease in enumerate(leases):  # a spy on each real transport: what crosses, in order
+        transport = lease.sandbox.transport
+        send, recv = transport.send, transport.recv_line
+        transport.send = lambda data, deadline, i=i, send=send: (events.append(("send", i)),
+                                                                  send(data, deadline))[1]
+        transport.recv_line = lambda *a, i=i, recv=recv: (events.append(("recv", i)), recv(*a))[1]
+    answers = p.call_all([(lease, "step", say(f"hi {i}")) for i, lease in enumerate(leases)])
+    assert [obs["messages"][0]["content"] for obs, *_ in answers] == ["echo hi 0", "echo hi 1",
+                                                                      "echo hi 2"]
+    assert events == [("send", 0), ("send", 1), ("send", 2), ("recv", 0), ("recv", 1), ("recv", 2)]
+    with pytest.raises(ValueError, match="one call per sandbox"):
+        p.call_all([(leases[0], "step", say("a")), (leases[0], "step", say("b"))])
+
+
+def test_call_all_gives_each_call_its_own_error_and_spares_the_others(pool):
+    p = pool(BY_ACTION, size=3)
+    leases = leases_of(p, 3)
+    ok, boom, died = p.call_all([(leases[0], "step", say("fine")), (leases[1], "step", say("boom")),
+                                 (leases[2], "step", say("die"))])
+    assert ok[0]["messages"][0]["content"] == "echo fine"
+    assert isinstance(boom, EnvCallError) and "boom" in str(boom)
+    assert isinstance(died, SandboxCrashed) and "step" in str(died)
+    assert [lease.sandbox.closed for lease in leases] == [False, False, True]
+    assert leases[1].step(say("again"))[0]["messages"][0]["content"] == "echo again"  # lives on
+    for lease in leases:
+        lease.release()
+    assert p.replaced == 1
+
+
+def test_an_interrupt_in_call_all_kills_the_sandboxes_whose_replies_were_not_read(pool):
+    from sandbox.base import calls_in_flight
+    p = pool(BY_ACTION, size=3)
+    leases = leases_of(p, 3)
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+    leases[1].sandbox.transport.recv_line = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        p.call_all([(lease, "step", say("x")) for lease in leases])
+    # the first reply was read: that sandbox is in step; the other two would answer out of step
+    assert [lease.sandbox.closed for lease in leases] == [False, True, True]
+    assert calls_in_flight() == 0
+    assert leases[0].step(say("y"))[0]["messages"][0]["content"] == "echo y"
+    for lease in leases:
+        lease.release()
+
+
+def test_a_hung_sandbox_in_call_all_does_not_time_out_the_others(pool):
+    """call_all reads the replies one after another: one sandbox that hangs for its whole call
+    time must not make the others' replies, which came in time, count as late (an attack: one
+    env could kill the sandboxes of every episode stepped beside it)."""
+    p = pool(BY_ACTION, size=3)
+    leases = leases_of(p, 3)
+    hung, big, small = p.call_all([(leases[0], "step", say("hang")), (leases[1], "step", say("big")),
+                                   (leases[2], "step", say("small"))])
+    assert isinstance(hung, SandboxTimeout)
+    assert len(big[0]["messages"][0]["content"]) == 3 << 19
+    assert small[0]["messages"][0]["content"] == "echo small"
+    assert [lease.sandbox.closed for lease in leases] == [True, False, False]
+    for lease in leases:
+        lease.release()

@@ -190,6 +190,37 @@ def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
     assert all(len(p.actors) == 2 and p.actor_calls < p.sandbox_calls for p in pools), pools
 
 
+def test_call_all_sends_one_actor_call_per_node_and_answers_as_the_local_pool(cluster):
+    """RayPool.call_all (what a rollout's lane uses): the steps of each actor's sandboxes travel
+    as one actor call, and each call gets what the local pool's call_all gives it, errors too."""
+    from envforge.contract import Limits
+    from envforge.errors import EnvCallError
+    from envforge.executor import RayPool
+    from sandbox.pool import SandboxPool
+    from tests.test_pool import BY_ACTION, say
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    ray_executor()  # joins the cluster
+    limits = Limits(call_timeout_s=5.0, memory_mb=512)
+    actions = [say("a"), say("boom"), say("c"), say("d")]
+    answers = []
+    for pool in (SandboxPool(BY_ACTION, size=4, backend="process", limits=limits),
+                 RayPool(BY_ACTION, size=4, backend="process", limits=limits)):
+        try:
+            leases = [pool.acquire(timeout=60) for _ in range(4)]
+            pool.call_all([(lease, "reset", i) for i, lease in enumerate(leases)])
+            calls = getattr(pool, "actor_calls", 0), getattr(pool, "sandbox_calls", 0)
+            out = pool.call_all(list(zip(leases, ["step"] * 4, actions)))
+            if isinstance(pool, RayPool):
+                assert len(pool.actors) == 2 and len(pool.nodes) == 2
+                assert (pool.actor_calls - calls[0], pool.sandbox_calls - calls[1]) == (2, 4)
+            assert isinstance(out[1], EnvCallError) and "boom" in str(out[1])
+            answers.append([o if o is not out[1] else "error" for o in out])
+        finally:
+            pool.close()
+    assert answers[0] == answers[1] and answers[0][0][0]["messages"][0]["content"] == "echo a"
+
+
 def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_path):
     from trainers.grpo import GRPOConfig, GRPOTrainer
     from trainers.policy import load_policy

@@ -2,8 +2,9 @@
 
 ``run_episodes(policy, factory, seeds, ...)`` plays one episode per seed. A wave's episodes form two
 lanes that take turns: one batched generation for a lane's live episodes, then its env steps go
-to a thread pool (the sandboxes of a ``SandboxPool`` do the env work in their own processes, in
-parallel) while the policy generates for the other lane, so env work overlaps generation.
+out together from a worker thread (``envforge.gym.step_all``: the sandboxes of the pool do the
+env work in their own processes, in parallel) while the policy generates for the other lane, so
+env work overlaps generation.
 Episodes run in waves of at most ``factory.size`` (each live episode holds one sandbox).
 
 An ``Episode`` keeps the exact token sequence the policy saw and sampled: ``tokens`` with
@@ -109,12 +110,16 @@ def _reset(ep: Episode, factory: EnvFactory) -> None:
         ep.error, ep.done = f"reset: {e}", True
 
 
-def _step(ep: Episode, action: dict) -> tuple | None:
-    try:
-        return ep.env.step(action)
-    except EnvforgeError as e:
-        ep.error, ep.done = f"step {ep.turns + 1}: {e}", True
-        return None
+def _step_lane(live: list[Episode], actions: list[dict]) -> list[tuple | None]:
+    """The lane's env steps, sent together (``envforge.gym.step_all``: the sandboxes work in
+    parallel, one actor call per node on Ray); an episode whose step failed ends with the error."""
+    from envforge.gym import step_all
+    results = step_all([ep.env for ep in live], actions)
+    for i, (ep, res) in enumerate(zip(live, results)):
+        if isinstance(res, EnvforgeError):
+            ep.error, ep.done = f"step {ep.turns + 1}: {res}", True
+            results[i] = None
+    return results
 
 
 def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_tokens: int = 256,
@@ -151,23 +156,24 @@ def _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top
                 ep.tokens = policy.encode(policy.render(ep.messages, ep.tools, add_generation_prompt=True))
                 ep.mask = [0] * len(ep.tokens)
         lanes = [wave[0::2], wave[1::2]]
-        pending: list[list | None] = [None, None]   # per lane: [(episode, action, future)]
+        pending: list[tuple | None] = [None, None]   # per lane: (episodes, actions, future)
         while True:
             progressed = False
             for lane in (0, 1):
                 if pending[lane] is not None:
                     t0 = time.perf_counter()
-                    done = [(ep, action, fut.result()) for ep, action, fut in pending[lane]]
+                    live, actions, fut = pending[lane]
+                    results = fut.result()
                     stats["env_wait_s"] = stats.get("env_wait_s", 0.0) + time.perf_counter() - t0
                     pending[lane] = None
-                    for ep, action, res in done:
+                    for ep, action, res in zip(live, actions, results):
                         _apply(policy, ep, action, res, max_turns, max_new_tokens, max_context_tokens)
                 live = [ep for ep in lanes[lane] if not ep.done]
                 if not live:
                     continue
                 progressed = True
                 actions = _generate(policy, live, max_new_tokens, temperature, top_p, stats)
-                pending[lane] = [(ep, a, executor.submit(_step, ep, a)) for ep, a in zip(live, actions)]
+                pending[lane] = (live, actions, executor.submit(_step_lane, live, actions))
             if not progressed and pending == [None, None]:
                 return
     finally:
