@@ -614,7 +614,10 @@ class RayPool:
     def call_all(self, calls: list[tuple[Lease, str, Any]]) -> list:
         """Several leases' calls at once, each ``(lease, op, arg)`` as for
         ``SandboxPool.call_all``: one actor call per actor, the actors' calls in flight together.
-        Returns, per call, its value or the ``EnvforgeError`` it raised."""
+        Returns, per call, its value or the ``EnvforgeError`` it raised. At most one call per
+        lease."""
+        if len({id(lease) for lease, _, _ in calls}) < len(calls):
+            raise ValueError("call_all: at most one call per lease")
         requests = [(lease.sandbox.actor, _Request(lease.sandbox.slot, op, arg, whole=True))
                     for lease, op, arg in calls]
         by_actor: dict = {}

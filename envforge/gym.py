@@ -54,8 +54,8 @@ import gymnasium
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Limits, assistant,
                                message_problem, tool_call)
-from envforge.errors import (ActionError, EnvCallError, EnvforgeError, InputError, SandboxError,
-                             UsageError)
+from envforge.errors import (ActionError, EnvCallError, EnvforgeError, InputError, SandboxCrashed,
+                             SandboxError, SandboxProtocolError, UsageError)
 from envforge.gate import resolve_env
 from envforge.gate.static import audit_static
 from sandbox.base import Backend, get_backend
@@ -275,6 +275,10 @@ class SandboxEnv(gymnasium.Env):
         if not self._live:
             raise UsageError("step() before reset(), or after the episode ended (terminated, "
                              "truncated, or an error): call reset()")
+        if self._sandbox is None or self._sandbox.closed:  # killed mid-episode (Ctrl-C, close)
+            self._live = False
+            self._drop()
+            raise SandboxCrashed("the episode's sandbox was killed mid-episode: call reset()")
         problem = message_problem(action)
         if problem or action["role"] != "assistant":
             raise ActionError(f"step(action): the action must be an assistant message, e.g. "
@@ -283,6 +287,13 @@ class SandboxEnv(gymnasium.Env):
 
     def _stepped(self, result: Any) -> tuple[dict, float, bool, bool, dict]:
         """The host's checks and turn count on what the env's step returned."""
+        if not isinstance(result, list) or len(result) != 5:  # the runner checks; a forged reply
+            err = SandboxProtocolError("step: the sandbox answered something other than "
+                                       "(observation, reward, terminated, truncated, info); "
+                                       "it was killed")
+            self._sandbox.kill()
+            self._failed(err)
+            raise err
         obs, reward, terminated, truncated, info = result
         if (not isinstance(reward, (int, float)) or isinstance(reward, bool)
                 or not isinstance(terminated, bool) or not isinstance(truncated, bool)):
@@ -315,27 +326,36 @@ def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:
     """``env.step(action)`` for each pair, the steps sent together when the envs are leased from
     one pool that can (its ``call_all``): their sandboxes work in parallel, and a ``RayPool``
     sends one actor call per node, not one per env. Returns, per env, its step's result or the
-    ``EnvforgeError`` that ``step`` would have raised."""
+    ``EnvforgeError`` that ``step`` would have raised (wrapped envs are stepped unwrapped).
+    Each step has its own time limit; after a slow one, the replies read late share a grace of
+    ``sandbox.base.LATE_READ_S``. An interrupt (Ctrl-C) ends every episode that was stepped."""
+    envs = [env.unwrapped for env in envs]
     out: list = [None] * len(envs)
     ready = []
     for i, (env, action) in enumerate(zip(envs, actions, strict=True)):
         try:
             env._check_step(action)
-            env._ensure()
             ready.append(i)
         except EnvforgeError as e:
             out[i] = e
     pools = {id(envs[i].pool) for i in ready}
     pool = envs[ready[0]].pool if ready else None
-    if len(pools) == 1 and hasattr(pool, "call_all"):
-        answers = pool.call_all([(envs[i]._lease, "step", actions[i]) for i in ready])
-    else:
-        answers = []
+    try:
+        if len(pools) == 1 and hasattr(pool, "call_all"):
+            answers = pool.call_all([(envs[i]._lease, "step", actions[i]) for i in ready])
+        else:
+            answers = []
+            for i in ready:
+                try:
+                    answers.append(envs[i]._call("step", actions[i]))
+                except EnvforgeError as e:
+                    answers.append(e)
+    except BaseException:  # some replies read, some sandboxes killed: no episode is in step
         for i in ready:
-            try:
-                answers.append(envs[i]._call("step", actions[i]))
-            except EnvforgeError as e:
-                answers.append(e)
+            envs[i]._live = False
+            if envs[i]._sandbox is not None and envs[i]._sandbox.closed:
+                envs[i]._drop()
+        raise
     for i, answer in zip(ready, answers):
         try:
             if isinstance(answer, EnvforgeError):

@@ -44,7 +44,7 @@ IDLE_CHECK_S = 0.5            # a call after this long without one checks the sa
 IDLE_CPU_S = 0.1              # CPU seconds a sandbox may use while idle, beyond
 IDLE_CPU_PER_CALL_S = 0.001   # this much per call answered (the runner spins SPIN_S per wait)
 REMARK_S = 0.01               # after a call this long, the idle check marks the clock afresh
-LATE_READ_S = 0.25            # call_all: a reply read late gets this long to come in from then
+LATE_READ_S = 0.25            # call_all: the replies it reads late get this long, together
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy: set = set()         # the sandboxes of this process with a call waiting for a reply
 _SPIN_MAX = max(1, (os.cpu_count() or 1) // 2)  # calls in flight that may spin: half the cores
@@ -235,7 +235,7 @@ class Sandbox:
         request = {"id": self._next_id, "op": op, **fields}
         try:
             line = _encode(request) + "\n"
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
             raise EnvCallError("json", type(e).__name__, f"request is not JSON: {e}") from None
         timeout = self.limits.call_timeout_s if timeout is None else timeout
         started = time.monotonic()
@@ -249,14 +249,14 @@ class Sandbox:
             self._failed(op, e, timeout, "read its request")
         return op, timeout, started
 
-    def _receive(self, sent: tuple, late: float = 0.0) -> Any:
-        """A call's second half: its reply, read within the call's time from ``_send``, or
-        within ``late`` seconds from now if that is longer (``call_all`` reads a reply late
-        when an earlier sandbox was slow: the reply may be in, or stuck behind a full pipe
-        that nobody read)."""
+    def _receive(self, sent: tuple, late_until: float = -math.inf) -> Any:
+        """A call's second half: its reply, read within the call's time from ``_send``, or by
+        ``late_until`` (time.monotonic()) if that is later: ``call_all`` reads a reply late
+        when an earlier sandbox was slow, and the reply may be in, or stuck behind a full pipe
+        that nobody read."""
         op, timeout, started = sent
         try:
-            raw = self.transport.recv_line(max(started + timeout - time.monotonic(), late),
+            raw = self.transport.recv_line(max(started + timeout, late_until) - time.monotonic(),
                                            self.limits.max_message_bytes)
             self._replied = time.monotonic()
             self._calls, self._busy = self._calls + 1, self._busy + self._replied - started
@@ -350,7 +350,12 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
     request is sent, then every reply read, so the sandboxes work in parallel without a thread
     each. Returns, per call, its value or the ``EnvforgeError`` it raised (a sandbox that broke
     is killed, as by ``call``). At most one call per sandbox. An interrupt (Ctrl-C) kills the
-    sandboxes whose replies were not read yet: they would come out of step."""
+    sandboxes whose replies were not read yet: they would come out of step.
+
+    Each call has its time limit from when it was sent. Replies are read one after another, so
+    after a slow sandbox the next replies are read late: from the first late read on, they have
+    LATE_READ_S in all (one window for the batch, so no call runs more than LATE_READ_S past its
+    limit however wide the batch)."""
     if len({id(c[0]) for c in calls}) < len(calls):
         raise ValueError("call_all: at most one call per sandbox")
     sent: list = []
@@ -361,10 +366,16 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
                 sent.append(sandbox._send(op, None, fields))
             except EnvforgeError as e:
                 sent.append(e)
+        late_until = -math.inf
         for (sandbox, _, _), pending in zip(calls, sent):
+            if isinstance(pending, EnvforgeError):
+                out.append(pending)
+                continue
+            now = time.monotonic()
+            if late_until == -math.inf and now > pending[2] + pending[1]:  # past its limit
+                late_until = now + LATE_READ_S
             try:
-                out.append(pending if isinstance(pending, EnvforgeError)
-                           else sandbox._receive(pending, LATE_READ_S))
+                out.append(sandbox._receive(pending, late_until))
             except EnvforgeError as e:
                 out.append(e)
         return out

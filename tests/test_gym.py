@@ -375,3 +375,31 @@ def test_step_all_ends_only_the_episode_whose_sandbox_hung(tmp_path, no_leak):
         for env in envs:
             env.close()
         pool.close()
+
+
+def test_an_interrupt_in_step_all_ends_every_episode_it_stepped(no_leak):
+    """Ctrl-C mid step_all: some replies were read, some sandboxes killed; no env may go on as
+    if its episode were in step (a killed one would otherwise lease a fresh sandbox and step an
+    instance never reset). Wrapped envs are stepped unwrapped."""
+    import gymnasium
+    pool = envforge.make_pool(SLUG, size=3, backend="process", hash_seed=MARK, **FAST)
+    envs = [envforge.make(SLUG, pool=pool) for _ in range(3)]
+    try:
+        plans = [env.unwrapped.solve(seed) for env, seed in zip(envs, (1, 2, 3))]
+        for env, seed in zip(envs, (1, 2, 3)):
+            env.reset(seed=seed)
+
+        def interrupted(*a):
+            raise KeyboardInterrupt
+        envs[1].unwrapped._sandbox.transport.recv_line = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            envforge.step_all([gymnasium.Wrapper(envs[0]), envs[1], envs[2]],
+                              [plan[0] for plan in plans])
+        for env in envs:
+            with pytest.raises(UsageError, match="call reset"):
+                env.step(plans[0][0])
+        assert [play(env, seed)[0] for env, seed in zip(envs, (4, 5, 6))] == [1.0] * 3
+    finally:
+        for env in envs:
+            env.close()
+        pool.close()

@@ -257,6 +257,9 @@ if content == "die":
 if content == "hang":
     while True:
         pass
+if content.startswith("sleep "):
+    import time
+    time.sleep(float(content[6:]))
 if content == "big":  # a reply too long for the shared memory: it comes on the pipe
     return {"messages": [{"role": "user", "content": "x" * (3 << 19)}]}, 0.0, False, False, {}
 return {"messages": [{"role": "user", "content": "echo " + content}]}, 0.0, False, False, {}
@@ -337,5 +340,22 @@ def test_a_hung_sandbox_in_call_all_does_not_time_out_the_others(pool):
     assert len(big[0]["messages"][0]["content"]) == 3 << 19
     assert small[0]["messages"][0]["content"] == "echo small"
     assert [lease.sandbox.closed for lease in leases] == [True, False, False]
+    for lease in leases:
+        lease.release()
+
+
+def test_replies_read_late_share_one_window_past_their_limit(pool, monkeypatch):
+    """After a hung sandbox, the late replies get LATE_READ_S in all, not each from its own read
+    (else each of N sandboxes could run LATE_READ_S longer than the one before it)."""
+    import sandbox.base
+    monkeypatch.setattr(sandbox.base, "LATE_READ_S", 1.0)
+    p = pool(BY_ACTION, size=4)  # call time 1 s: the window after the hung one ends near 2 s
+    leases = leases_of(p, 4)
+    # read each from the last one's reply, with a window each, all three would be in time
+    out = p.call_all([(leases[0], "step", say("hang")), (leases[1], "step", say("sleep 1.2")),
+                      (leases[2], "step", say("sleep 2.1")), (leases[3], "step", say("sleep 2.9"))])
+    assert isinstance(out[0], SandboxTimeout)
+    assert out[1][0]["messages"][0]["content"] == "echo sleep 1.2"
+    assert isinstance(out[2], SandboxTimeout) and isinstance(out[3], SandboxTimeout)
     for lease in leases:
         lease.release()

@@ -221,6 +221,30 @@ def test_call_all_sends_one_actor_call_per_node_and_answers_as_the_local_pool(cl
     assert answers[0] == answers[1] and answers[0][0][0]["messages"][0]["content"] == "echo a"
 
 
+def test_call_all_of_some_leases_does_not_wait_for_the_others(cluster, monkeypatch):
+    """A batch waits up to GATHER_S for the calls of its actor's other leased sandboxes (threads
+    stepping one lease each); a call_all holds all its caller's calls, so it goes at once."""
+    import envforge.executor
+    from envforge.contract import Limits
+    from envforge.executor import RayPool
+    from tests.test_pool import BY_ACTION, say
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    ray_executor()
+    monkeypatch.setattr(envforge.executor, "GATHER_S", 30.0)
+    pool = RayPool(BY_ACTION, size=4, backend="process", limits=Limits(call_timeout_s=5.0))
+    try:
+        leases = [pool.acquire(timeout=60) for _ in range(4)]  # two leased on each actor
+        t0 = time.monotonic()
+        out = pool.call_all([(leases[0], "reset", 0), (leases[1], "reset", 1)])
+        assert time.monotonic() - t0 < 10, "a call_all waited for calls that were not coming"
+        assert all(isinstance(o, list) for o in out)
+        with pytest.raises(ValueError, match="one call per lease"):
+            pool.call_all([(leases[0], "step", say("a")), (leases[0], "step", say("b"))])
+    finally:
+        pool.close()
+
+
 def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_path):
     from trainers.grpo import GRPOConfig, GRPOTrainer
     from trainers.policy import load_policy
