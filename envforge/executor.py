@@ -27,6 +27,8 @@ started on this machine for the run. Every node needs envforge installed (the sa
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import queue
 import sys
@@ -337,12 +339,16 @@ class RemoteActor:
     episode so far (the reset and the steps that succeeded): when the actor dies (its node was
     lost), a new one is started and every slot's episode replayed into it (the same resets, the
     same actions: envs are deterministic, the gate checks it) before the batch is sent again,
-    so the episodes go on as if nothing happened."""
+    so the episodes go on as if nothing happened. A replay that answers otherwise than the
+    episode did (an env that is not deterministic after all) loses that episode: its calls fail
+    with SandboxCrashed until its next reset, never go on from a different state."""
 
     def __init__(self, pool: "RayPool", slots: int, node: str | None = None):
         self.pool, self.slots = pool, slots
         self.actor = pool._spawn(slots, node)
         self.episodes: list[list[tuple[str, Any]]] = [[] for _ in range(slots)]
+        self.digests: list[list[str]] = [[] for _ in range(slots)]  # what each call answered
+        self.diverged: set[int] = set()  # slots whose replay answered otherwise
         self.nodes: list[str | None] = [None] * slots
         self.metas: list[dict] = [{}] * slots
         self.dead = False
@@ -422,6 +428,11 @@ class RemoteActor:
                 self.pool._sent(len(batch))
                 for r, results in zip(batch, answers):
                     r.result = results[0]
+                    if r.slot in self.diverged:
+                        if r.op == "reset":
+                            self.diverged.discard(r.slot)
+                        elif r.op == "step":
+                            r.result = ("error", ("SandboxCrashed", DIVERGED))
                     self._record(r)
             except BaseException as e:  # noqa: BLE001 (handed to the waiting callers)
                 for r in batch:
@@ -434,8 +445,10 @@ class RemoteActor:
         ok = r.result[0] == "ok"
         if r.op == "reset":
             self.episodes[r.slot] = [("reset", r.arg)] if ok else []
+            self.digests[r.slot] = [_digest(r.result)] if ok else []
         elif r.op == "step" and ok:
             self.episodes[r.slot].append(("step", r.arg))
+            self.digests[r.slot].append(_digest(r.result))
 
     def _send(self, batch: list) -> list[list[tuple]]:
         for attempt in range(ACTOR_REPLACEMENTS + 1):
@@ -465,8 +478,13 @@ class RemoteActor:
         """A new actor, each slot brought to where its episode was."""
         self.kill(stop=False)
         self.actor = self.pool._spawn(self.slots, replacing=True)
-        self._took(self._get(self.actor.run.remote(  # a replay's env error is the one seen before
-            [(i, [("ready", None)] + self.episodes[i]) for i in range(self.slots)])))
+        answers = self._get(self.actor.run.remote(
+            [(i, [("ready", None)] + self.episodes[i]) for i in range(self.slots)]))
+        self._took(answers)
+        for i, results in enumerate(answers):
+            if [_digest(r) for r in results[1:]] != self.digests[i]:
+                self.diverged.add(i)
+                self.episodes[i], self.digests[i] = [], []
 
     def kill(self, stop: bool = True) -> None:
         if stop:
@@ -481,6 +499,14 @@ class RemoteActor:
 
 class _ActorDied(Exception):
     pass
+
+
+DIVERGED = ("the env answered otherwise when its episode was replayed on a new actor (its node "
+            "was lost): it is not deterministic, and this episode is lost; call reset()")
+
+
+def _digest(result: Any) -> str:
+    return hashlib.sha256(json.dumps(result, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 class RemoteSandbox:

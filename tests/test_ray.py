@@ -343,6 +343,55 @@ def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
     assert there == here  # ... were replaced and their episodes replayed: the same scores
 
 
+def test_an_episode_whose_replay_answers_otherwise_is_lost_not_continued(cluster):
+    """A node dies; its sandboxes' episodes are replayed on a new actor. An env that is not
+    deterministic after all (the gate would refuse it; a pool does not run the gate) answers the
+    replayed reset otherwise: that episode must fail with SandboxCrashed until its next reset,
+    not go on from a state it never had. The other node's episode steps on."""
+    from envforge.contract import Limits
+    from envforge.errors import SandboxCrashed
+    from envforge.executor import RayPool
+    from tests.test_pool import say
+    from tests.test_sandbox import env_with
+    drifting = env_with(step="""
+return {"messages": [{"role": "user", "content": "echo"}]}, 0.0, False, False, {}
+""", reset="""
+import random
+return {"messages": [{"role": "user", "content": str(random.SystemRandom().random())}]}, {}
+""")
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    ray_executor()
+    pool = RayPool(drifting, size=2, backend="process", limits=Limits(call_timeout_s=5.0))
+    try:
+        leases = [pool.acquire(timeout=60) for _ in range(2)]
+        head = [lease for lease in leases if lease.sandbox.node == _head_node(cluster)]
+        assert len(head) == 1, "one sandbox on each node"
+        lost = next(lease for lease in leases if lease is not head[0])
+        pool.call_all([(lease, "reset", 1) for lease in leases])
+        assert all(isinstance(o, list) for o in pool.call_all([(lease, "step", say("a"))
+                                                                for lease in leases]))
+        cluster.workers[-1].kill_raylet()
+        assert len(cluster.alive_after(1)) == 1
+        out = dict(zip(map(id, leases), pool.call_all([(lease, "step", say("b")) for lease in leases])))
+        assert out[id(head[0])][0]["messages"][0]["content"] == "echo"
+        assert isinstance(out[id(lost)], SandboxCrashed) and "replayed" in str(out[id(lost)])
+        with pytest.raises(SandboxCrashed, match="replayed"):
+            lost.step(say("c"))
+        lost.reset(2)  # a new episode on the new actor
+        assert lost.step(say("d"))[0]["messages"][0]["content"] == "echo"
+        assert pool.replaced >= 1
+    finally:
+        pool.close()
+
+
+def _head_node(cluster) -> str:
+    import ray
+    return next(n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and n["NodeManagerPort"] and n.get("Resources", {}).get(
+                    "node:__internal_head__"))
+
+
 def _is_task(pid: int, name: str) -> bool:
     import psutil
     try:
