@@ -165,6 +165,25 @@ def test_a_rollout_budget_stops_the_run_at_the_iteration_that_reaches_it(hermes_
     assert result.manifest["iterations"] == len(counts)
 
 
+def test_the_expected_length_under_a_budget_follows_the_recent_iterations(hermes_dir, env_dir, tmp_path):
+    """Iterations collect more rollouts as groups turn constant (collected again): the estimate of
+    where the budget ends follows the last iterations, and moves only when 10% off."""
+    trainer = GRPOTrainer(load_policy(hermes_dir), env_dir,
+                          GRPOConfig(**{**TEST_CONFIG, "iterations": 50, "max_rollouts": 200}),
+                          out=tmp_path)
+
+    def after(*episodes):
+        trainer.history += [{"episodes": n} for n in episodes]
+        trainer.iteration = len(trainer.history)
+        return trainer.expected_iterations()
+    assert after(8, 8, 8) == 3 + 22           # 176 left at 8 an iteration
+    assert after(8) == 25                      # on course: kept
+    assert after(9) == 25                      # 12% more an iteration, under 10% off: kept
+    assert after(16, 16, 16) == 8 + 8          # 111 left at 14.25 (9, 16, 16, 16): moved
+    assert after(*[16] * 7) == 15              # the last iteration: the budget is spent
+    assert trainer.rollouts_spent() >= 200
+
+
 def test_a_frozen_adapter_is_refused_with_the_fix(hermes_dir, env_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
     get_peft_model(load_policy(hermes_dir).model,

@@ -355,18 +355,21 @@ class GRPOTrainer:
 
     def expected_iterations(self) -> int:
         """The run's length in iterations: ``iterations``, or fewer where ``max_rollouts`` will
-        stop it first (estimated from the rollouts per iteration so far), for progress and ETA."""
+        stop it first (estimated from the rollouts of the last few iterations: they grow as
+        groups turn constant and are collected again), for progress and ETA."""
         c = self.config
         if c.max_rollouts is None or not self.history:
             return c.iterations
         spent = self.rollouts_spent()
         if spent >= c.max_rollouts:
             return self.iteration
-        # estimated once, and again only when the run outlasts the estimate: a total that moved
-        # every iteration would restart the display's count (and its ETA) every time
-        if self._expected <= self.iteration:
-            left = math.ceil((c.max_rollouts - spent) / (spent / len(self.history)))
-            self._expected = min(c.iterations, self.iteration + max(1, left))
+        recent = [h["episodes"] for h in self.history[-4:]]
+        left = math.ceil((c.max_rollouts - spent) / (sum(recent) / len(recent)))
+        estimate = min(c.iterations, self.iteration + max(1, left))
+        # kept until the run outlasts it or it is 10% off: a total that moved every iteration
+        # would restart the display's count (and its ETA) every time
+        if self._expected <= self.iteration or abs(estimate - self._expected) > 0.1 * self._expected:
+            self._expected = estimate
         return self._expected
 
     def rollouts_spent(self) -> int:
