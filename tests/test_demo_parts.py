@@ -547,3 +547,21 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     assert made == [3, 3, 4] and not (out / "results.json").exists()
     assert any("other settings" in s for s in said)
     assert (out / "base_model" / "weights").read_text() == "4"
+
+
+def _crash(job, progress):
+    raise RuntimeError("boom in " + job.name)
+
+
+def test_an_evaluation_job_that_crashes_leaves_its_traceback(tmp_path):
+    """The demo's evaluations run in processes of their own (run_many): a crash (a bug, not an
+    envforge error) is one line naming the job, and its traceback is kept in the job's folder."""
+    from envforge.demo.config import DemoConfig
+    from envforge.demo.run import EvalJob
+    from trainers.parallel import JobFailed, run_many
+    log = tmp_path / "logs" / "routed" / "crash.log"
+    job = EvalJob("routed", "routed", "model", None, "target", [1], DemoConfig(), str(log.parent))
+    with pytest.raises(JobFailed, match=r"evaluate: routed failed: RuntimeError: boom in routed "
+                                        r"\(traceback in .*crash.log\)"):
+        run_many(_crash, [job], 1, what="evaluate:")
+    assert "Traceback" in log.read_text() and "boom in routed" in log.read_text()

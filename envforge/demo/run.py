@@ -312,6 +312,7 @@ class EvalJob:
     target: str
     seeds: list[int]
     cfg: DemoConfig
+    out: str | None = None  # where a crash's traceback goes (crash.log; run_many writes it)
 
 
 def evaluate_job(job: EvalJob, progress=None) -> dict:
@@ -473,7 +474,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     with timed("evaluate"):
         def job(name: str, method: str, adapter: Path | None = None, task_seeds=seeds) -> EvalJob:
             return EvalJob(name, method, str(model_dir), str(adapter) if adapter else None, str(target),
-                           list(task_seeds), cfg)
+                           list(task_seeds), cfg, str(out / "logs" / name.replace(" ", "_")))
         infos = find_adapters(adapters) if envs else []
         adapter_of = {}  # task kind -> adapter name
         for a in infos:
@@ -587,7 +588,7 @@ def mark_done(out: Path, cfg: DemoConfig, done: dict, stage: str | None, result,
 
 OUTPUTS = ("helpdesk", "target", "practice", "base_model", "envs", "adapters", "grpo_target",
            "trajectories.jsonl", "capabilities.json", "capabilities.png", "results.json", "report.html",
-           "figures")
+           "figures", "logs")
 
 
 def clean(out: Path) -> None:
