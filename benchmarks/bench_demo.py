@@ -6,7 +6,9 @@
 Each seed runs the whole demo (its own folder under --out) in a fresh process, --jobs at a time
 (default 1: one after the other, progress on stderr; more: each seed's progress in
 <out>/seed<N>.log; each run uses --threads cores). Prints the per-seed table and the goals, and
-writes benchmarks/results/demo.json.
+writes benchmarks/results/demo.json. Seeds that an earlier run of the same settings measured on
+the same commit (a clean tree) are kept there and counted in the table and the goals (a seed
+run again replaces its row): `--seeds 0,1,2` then `--seeds 3,4` give one 5-seed table.
 Timings are wall clock on this machine: on a shared CPU they are inflated (say so when quoting).
 """
 from __future__ import annotations
@@ -23,6 +25,31 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("base", "routed", "merged", "grpo_target", "oracle")
+KEPT = ("seed", "quick", "methods", "identified", "planted", "routing_accuracy",
+        "rollouts_per_method", "stages", "wall_s", "training")
+
+
+def commit() -> str | None:
+    """This checkout's commit, or None when the tree has changes (results not tied to a commit)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return None if dirty else head
+
+
+def earlier(path: Path, settings: dict) -> dict[int, dict]:
+    """The seeds an earlier run wrote to ``path`` with the same settings and commit."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if settings["commit"] is None or any(old.get(k) != v for k, v in settings.items()):
+        return {}
+    return {r["seed"]: r for r in old.get("seeds", []) if all(k in r for k in KEPT)}
 
 
 def goals(runs: list[dict]) -> list[tuple[str, str, bool]]:
@@ -90,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             r["process_wall_s"] = round(time.perf_counter() - t0, 1)
             runs[seed] = r
             print(f"seed {seed}: done in {r['process_wall_s'] / 60:.1f} min", file=sys.stderr)
-    runs = [runs[s] for s in sorted(runs)]
+    path = REPO / "benchmarks" / "results" / "demo.json"
+    settings = {"quick": a.quick, "threads": a.threads, "commit": commit()}
+    kept = {s: r for s, r in earlier(path, settings).items() if s not in runs}
+    if kept:
+        print(f"kept seeds {', '.join(map(str, sorted(kept)))} from {path} (same settings, same "
+              f"commit)", file=sys.stderr)
+    runs = [{**kept, **runs}[s] for s in sorted({**kept, **runs})]
     header = ["seed"] + list(METHODS) + ["routing acc.", "identified", "wall min"]
     rows = [[str(r["seed"])] + [f"{r['methods'][m]['mean']:.3f}" for m in METHODS]
             + [f"{r['routing_accuracy']:.3f}" if r["routing_accuracy"] is not None else "-",
@@ -104,14 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     checked = goals(runs)
     for g, measured, ok in checked:
         print(f"| {g} | {measured} | {'yes' if ok else 'no'} |")
-    path = REPO / "benchmarks" / "results" / "demo.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "load_avg_at_end": os.getloadavg()},
-        "quick": a.quick, "threads": a.threads, "jobs": a.jobs,
-        "seeds": [{k: r[k] for k in ("seed", "methods", "identified", "planted", "routing_accuracy",
-                                     "rollouts_per_method", "stages", "wall_s")} for r in runs],
+        **settings, "jobs": a.jobs,
+        "seeds": [{k: r[k] for k in KEPT} for r in runs],
         "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in checked]}, indent=2))
     print(f"\nwrote {path}")
     return 0
