@@ -45,6 +45,7 @@ thread per env; each env gets its result or its error, as ``step`` would give it
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -296,10 +297,12 @@ class SandboxEnv(gymnasium.Env):
             raise err
         obs, reward, terminated, truncated, info = result
         if (not isinstance(reward, (int, float)) or isinstance(reward, bool)
-                or not isinstance(terminated, bool) or not isinstance(truncated, bool)):
+                or not isinstance(terminated, bool) or not isinstance(truncated, bool)
+                or not _finite(reward)):
             self._live = False
-            raise EnvCallError("contract", "", f"step returned reward {reward!r}, terminated "
-                               f"{terminated!r}, truncated {truncated!r}: want a float and two bools")
+            raise EnvCallError("contract", "", f"step returned reward {str(reward)[:40]}, terminated "
+                               f"{terminated!r}, truncated {truncated!r}: want a finite float and "
+                               "two bools")
         self._turns += 1
         if self._turns >= self.max_turns and not terminated:
             truncated = True
@@ -320,6 +323,13 @@ class SandboxEnv(gymnasium.Env):
             self._drop()
         except Exception:
             pass
+
+
+def _finite(x: int | float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:

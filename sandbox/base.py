@@ -83,7 +83,9 @@ def calls_in_flight() -> int:
 def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list:
     """``poller.poll`` that first polls without blocking for ``spin_s`` (SPIN_S when spinning
     pays, see ``spin_allowed``): a reply usually comes within microseconds, and waking a blocked
-    process costs tens of them on a virtual machine (the runner spins the same way)."""
+    process costs tens of them on a virtual machine (the runner spins the same way). With no
+    time left it still looks once (a reply read late, by ``call_all``, may be in): a caller
+    reading in a loop stops once its deadline has passed (at most one read past it)."""
     if spin_s is None:
         spin_s = SPIN_S if spin_allowed() else 0.0
     end = time.perf_counter() + min(spin_s, max(timeout_s, 0.0))
@@ -91,7 +93,7 @@ def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list
         ready = poller.poll(0)
         if ready:
             return ready
-    return poller.poll(max(timeout_s, 0.0) * 1000) if timeout_s > 0 else []
+    return poller.poll(max(timeout_s, 0.0) * 1000)  # out of time: one look, without waiting
 
 
 def write_all(write, fd: int, data: bytes, deadline: float) -> None:
@@ -202,15 +204,16 @@ class Sandbox:
         # seconds; since then, the calls answered, the wall time they took, and the last reply
         self._cpu_mark: float | None = None
         self._calls, self._busy, self._replied = 0, 0.0, -math.inf
+        self._kill_later: list | None = None  # set by call_all while it reads replies
 
     def _check_idle(self, check: bool = True) -> None:
         """After IDLE_CHECK_S or more without a call, from outside the sandbox (where env code
         cannot reach, unlike the runner's own check): the CPU its processes used since the last
         mark, less the wall time of the calls in between (the most they could use) and
         IDLE_CPU_PER_CALL_S per call (the runner's waiting), was used while idle; over
-        IDLE_CPU_S kills the sandbox (SandboxCrashed). Then marks the clock afresh, as it does
-        (without checking) after a call of REMARK_S or more, whose wall time would otherwise
-        leave slack. Transports that cannot tell (cpu_seconds() is None) are not checked here."""
+        IDLE_CPU_S kills the sandbox (SandboxCrashed). Then marks the clock afresh. It runs too
+        after a call of REMARK_S or more, whose wall time would otherwise leave slack (a mark
+        without a check would forgive what was used since the last one). Transports that cannot tell (cpu_seconds() is None) are not checked here."""
         reader = getattr(self.transport, "cpu_seconds", None)  # (a duck-typed transport: none)
         used = reader() if reader else None
         if used is None:
@@ -261,7 +264,7 @@ class Sandbox:
             self._replied = time.monotonic()
             self._calls, self._busy = self._calls + 1, self._busy + self._replied - started
             if self._replied - started >= REMARK_S:  # a slow call: reading the clock is cheap
-                self._check_idle(check=False)
+                self._check_idle()
         except BaseException as e:
             self._failed(op, e, timeout, "answer")
         finally:
@@ -334,6 +337,9 @@ class Sandbox:
     # ---------------------------------------------------------------- lifetime
     def kill(self) -> None:
         self.closed = True
+        if self._kill_later is not None:  # call_all: once every reply is read (a kill can take
+            self._kill_later.append(self)  # a while: a runner holding much memory frees it)
+            return
         self.transport.kill()
 
     close = kill
@@ -353,13 +359,17 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
     sandboxes whose replies were not read yet: they would come out of step.
 
     Each call has its time limit from when it was sent. Replies are read one after another, so
-    after a slow sandbox the next replies are read late: from the first late read on, they have
-    LATE_READ_S in all (one window for the batch, so no call runs more than LATE_READ_S past its
-    limit however wide the batch)."""
+    after a slow sandbox the next ones are read late, or close to their limit with a long reply
+    still to come (stuck behind a pipe that nobody read): from the first read that starts with
+    less than LATE_READ_S left, the replies have until LATE_READ_S from then (one window for the
+    batch, so no call runs much more than LATE_READ_S past its limit however wide the batch).
+    Sandboxes that fail are killed once every reply is read, so that slow kills do not eat the
+    others' time."""
     if len({id(c[0]) for c in calls}) < len(calls):
         raise ValueError("call_all: at most one call per sandbox")
     sent: list = []
     out: list = []
+    doomed: list = []
     try:
         for sandbox, op, fields in calls:
             try:
@@ -372,12 +382,15 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
                 out.append(pending)
                 continue
             now = time.monotonic()
-            if late_until == -math.inf and now > pending[2] + pending[1]:  # past its limit
+            if late_until == -math.inf and now > pending[2] + pending[1] - LATE_READ_S:
                 late_until = now + LATE_READ_S
+            sandbox._kill_later = doomed
             try:
                 out.append(sandbox._receive(pending, late_until))
             except EnvforgeError as e:
                 out.append(e)
+            finally:
+                sandbox._kill_later = None
         return out
     except BaseException:
         for (sandbox, _, _), pending in list(zip(calls, sent))[len(out):]:
@@ -385,6 +398,9 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
                 _busy.discard(sandbox)
                 sandbox.kill()
         raise
+    finally:
+        for sandbox in doomed:
+            sandbox.kill()
 
 
 class Backend(ABC):

@@ -397,6 +397,8 @@ class ContainerTransport(Transport):
                     line = self._out.add(chunk, max_bytes)
                     if line is not None:
                         return line
+            if time.monotonic() >= deadline:  # past it: one look, not a trickle that outlasts it
+                raise SandboxTimeout(f"no reply within {timeout:g} s")
         return line
 
     def _demux(self, chunk: bytes) -> None:

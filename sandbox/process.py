@@ -123,6 +123,8 @@ class PipeTransport(Transport):
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
             line = self._buf.add(chunk, max_bytes)
+            if line is None and time.monotonic() >= deadline:  # a trickle must not outlast it
+                raise SandboxTimeout(f"no reply within {timeout:g} s")
         return line
 
     def _status(self) -> int | None:

@@ -403,3 +403,26 @@ def test_an_interrupt_in_step_all_ends_every_episode_it_stepped(no_leak):
         for env in envs:
             env.close()
         pool.close()
+
+
+def test_step_all_refuses_a_reward_that_is_not_a_finite_number(no_leak):
+    """A reward too large for a float (or not finite) is the env breaking the contract: that
+    env's step is an EnvCallError and its episode ends; the lane's other steps are answered."""
+    from envforge.gym import SandboxEnv
+    from sandbox.pool import SandboxPool
+    from tests.test_pool import BY_ACTION
+    pool = SandboxPool(BY_ACTION, size=2, backend="process", hash_seed=MARK)
+    envs = [SandboxEnv(BY_ACTION, pool=pool) for _ in range(2)]
+    try:
+        for env in envs:
+            env.reset(seed=1)
+        bad, good = envforge.step_all(envs, [{"role": "assistant", "content": "huge reward"},
+                                             {"role": "assistant", "content": "hi"}])
+        assert isinstance(bad, EnvCallError) and "want a finite float" in str(bad)
+        assert good[0]["messages"][0]["content"] == "echo hi"
+        with pytest.raises(UsageError):
+            envs[0].step({"role": "assistant", "content": "hi"})
+    finally:
+        for env in envs:
+            env.close()
+        pool.close()

@@ -262,6 +262,8 @@ if content.startswith("sleep "):
     time.sleep(float(content[6:]))
 if content == "big":  # a reply too long for the shared memory: it comes on the pipe
     return {"messages": [{"role": "user", "content": "x" * (3 << 19)}]}, 0.0, False, False, {}
+if content == "huge reward":
+    return {"messages": []}, 10 ** 400, False, False, {}
 return {"messages": [{"role": "user", "content": "echo " + content}]}, 0.0, False, False, {}
 ''')
 
@@ -348,14 +350,74 @@ def test_replies_read_late_share_one_window_past_their_limit(pool, monkeypatch):
     """After a hung sandbox, the late replies get LATE_READ_S in all, not each from its own read
     (else each of N sandboxes could run LATE_READ_S longer than the one before it)."""
     import sandbox.base
-    monkeypatch.setattr(sandbox.base, "LATE_READ_S", 1.0)
-    p = pool(BY_ACTION, size=4)  # call time 1 s: the window after the hung one ends near 2 s
+    monkeypatch.setattr(sandbox.base, "LATE_READ_S", 0.5)
+    p = pool(BY_ACTION, size=4)  # call time 1 s: the window after the hung one ends near 1.5 s
     leases = leases_of(p, 4)
     # read each from the last one's reply, with a window each, all three would be in time
     out = p.call_all([(leases[0], "step", say("hang")), (leases[1], "step", say("sleep 1.2")),
-                      (leases[2], "step", say("sleep 2.1")), (leases[3], "step", say("sleep 2.9"))])
+                      (leases[2], "step", say("sleep 1.6")), (leases[3], "step", say("sleep 1.95"))])
     assert isinstance(out[0], SandboxTimeout)
     assert out[1][0]["messages"][0]["content"] == "echo sleep 1.2"
     assert isinstance(out[2], SandboxTimeout) and isinstance(out[3], SandboxTimeout)
     for lease in leases:
         lease.release()
+
+
+def test_slow_kills_of_failed_sandboxes_do_not_eat_the_others_time(pool):
+    """A runner that holds much memory takes a while to die: call_all kills the sandboxes that
+    failed once every reply is read, so a lane's hung members cannot make its well-behaved
+    members' replies, which came in time, count as late. On the pipe channel (the shared
+    memory's would hand over a reply that is in, however late it is read)."""
+    p = pool(BY_ACTION, size=4, backend=ProcessBackend(channel="pipe"))
+    leases = leases_of(p, 4)
+    events = []
+    for i, lease in enumerate(leases):
+        transport = lease.sandbox.transport
+        if i < 2:  # a real kill, made slow (as a large runner's is)
+            transport.kill = lambda i=i, kill=transport.kill: (time.sleep(0.4),
+                                                               events.append(("kill", i)), kill())
+        else:
+            transport.recv_line = lambda *a, i=i, recv=transport.recv_line: (
+                events.append(("read", i)), recv(*a))[1]
+    out = p.call_all([(leases[0], "step", say("hang")), (leases[1], "step", say("hang")),
+                      (leases[2], "step", say("a")), (leases[3], "step", say("b"))])
+    assert isinstance(out[0], SandboxTimeout) and isinstance(out[1], SandboxTimeout)
+    assert [o[0]["messages"][0]["content"] for o in out[2:]] == ["echo a", "echo b"]
+    assert events == [("read", 2), ("read", 3), ("kill", 0), ("kill", 1)]  # killed at the end
+    assert [lease.sandbox.closed for lease in leases] == [True, True, False, False]
+    for lease in leases:
+        lease.release()
+
+
+def test_a_long_reply_read_just_before_its_limit_gets_the_late_window(pool):
+    """A member that answers just inside its limit, then one whose long reply (past the shared
+    memory: on the pipe, which nobody read meanwhile) is still to come: the second must not time
+    out for want of the milliseconds left to read it."""
+    p = pool(BY_ACTION, size=2)
+    for _ in range(3):
+        leases = leases_of(p, 2)
+        out = p.call_all([(leases[0], "step", say("sleep 0.995")), (leases[1], "step", say("big"))])
+        assert not isinstance(out[1], Exception), out[1]
+        assert len(out[1][0]["messages"][0]["content"]) == 3 << 19
+        for lease in leases:
+            lease.release()
+
+
+def test_a_slow_call_checks_the_cpu_used_since_the_last_mark(pool):
+    """After a call of REMARK_S or more the host reads the sandbox's CPU clock afresh; it must
+    check what was used since the last reading too, not just start over (else an env that keeps
+    its calls slow, or has a slow neighbour in call_all, would be forgiven CPU burnt between
+    calls). The CPU reading is a spy on the real one, adding 5 s used while no call ran."""
+    p = pool(BY_ACTION, size=1)
+    lease = leases_of(p, 1)[0]
+    transport = lease.sandbox.transport
+    if transport.cpu_seconds() is None:
+        pytest.skip("this transport cannot read its sandbox's CPU time")
+    extra = [0.0]
+    transport.cpu_seconds = lambda read=transport.cpu_seconds: read() + extra[0]
+    lease.step(say("sleep 0.02"))  # slow: the clock is marked
+    extra[0] = 5.0
+    with pytest.raises(SandboxCrashed, match="CPU seconds between calls"):
+        lease.step(say("sleep 0.02"))
+    assert lease.sandbox.closed
+    lease.release()
