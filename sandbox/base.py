@@ -44,6 +44,7 @@ IDLE_CHECK_S = 0.5            # a call after this long without one checks the sa
 IDLE_CPU_S = 0.1              # CPU seconds a sandbox may use while idle, beyond
 IDLE_CPU_PER_CALL_S = 0.001   # this much per call answered (the runner spins SPIN_S per wait)
 REMARK_S = 0.01               # after a call this long, the idle check marks the clock afresh
+DRAIN_S = 0.05                # past a read's deadline: what is ready is read, this long at most
 LATE_READ_S = 0.25            # call_all: the replies it reads late get this long, together
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 _busy: set = set()         # the sandboxes of this process with a call waiting for a reply
@@ -84,8 +85,9 @@ def poll_spinning(poller, timeout_s: float, spin_s: float | None = None) -> list
     """``poller.poll`` that first polls without blocking for ``spin_s`` (SPIN_S when spinning
     pays, see ``spin_allowed``): a reply usually comes within microseconds, and waking a blocked
     process costs tens of them on a virtual machine (the runner spins the same way). With no
-    time left it still looks once (a reply read late, by ``call_all``, may be in): a caller
-    reading in a loop stops once its deadline has passed (at most one read past it)."""
+    time left it still looks, without waiting (a reply read late, by ``call_all``, may be in): a
+    caller reading in a loop goes on past its deadline only while data is ready, DRAIN_S at
+    most, so that a trickle cannot outlast it."""
     if spin_s is None:
         spin_s = SPIN_S if spin_allowed() else 0.0
     end = time.perf_counter() + min(spin_s, max(timeout_s, 0.0))
@@ -179,6 +181,10 @@ class Transport(ABC):
     def kill(self) -> None:
         """Stop the runner and everything it started; idempotent; never raises."""
 
+    def stop(self) -> None:
+        """Stop the runner at once, without waiting for it to be gone (``kill`` still follows);
+        never raises. Transports that cannot (the default) leave it all to ``kill``."""
+
     @abstractmethod
     def alive(self) -> bool: ...
 
@@ -204,7 +210,6 @@ class Sandbox:
         # seconds; since then, the calls answered, the wall time they took, and the last reply
         self._cpu_mark: float | None = None
         self._calls, self._busy, self._replied = 0, 0.0, -math.inf
-        self._kill_later: list | None = None  # set by call_all while it reads replies
 
     def _check_idle(self, check: bool = True) -> None:
         """After IDLE_CHECK_S or more without a call, from outside the sandbox (where env code
@@ -252,11 +257,12 @@ class Sandbox:
             self._failed(op, e, timeout, "read its request")
         return op, timeout, started
 
-    def _receive(self, sent: tuple, late_until: float = -math.inf) -> Any:
+    def _receive(self, sent: tuple, late_until: float = -math.inf,
+                 doomed: list | None = None) -> Any:
         """A call's second half: its reply, read within the call's time from ``_send``, or by
         ``late_until`` (time.monotonic()) if that is later: ``call_all`` reads a reply late
         when an earlier sandbox was slow, and the reply may be in, or stuck behind a full pipe
-        that nobody read."""
+        that nobody read. ``doomed``: see ``_discard``."""
         op, timeout, started = sent
         try:
             raw = self.transport.recv_line(max(started + timeout, late_until) - time.monotonic(),
@@ -266,34 +272,35 @@ class Sandbox:
             if self._replied - started >= REMARK_S:  # a slow call: reading the clock is cheap
                 self._check_idle()
         except BaseException as e:
-            self._failed(op, e, timeout, "answer")
+            self._failed(op, e, timeout, "answer", doomed)
         finally:
             _busy.discard(self)
         try:
             reply = json.loads(raw.decode())  # str: skips json's encoding sniffing
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
-            self.kill()
+            self._discard(doomed)
             raise SandboxProtocolError(f"{op}: the sandbox answered a line that is not JSON: "
                                        f"{raw[:120]!r}") from None
         if not isinstance(reply, dict) or reply.get("id") != self._next_id:
-            self.kill()
+            self._discard(doomed)
             raise SandboxProtocolError(f"{op}: reply out of step with the request (id {self._next_id})")
         if reply.get("ok"):
             return reply.get("value")
         err = reply.get("error") or {}
         if not isinstance(err, dict):
-            self.kill()
+            self._discard(doomed)
             raise SandboxProtocolError(f"{op}: the sandbox answered an error that is not an "
                                        f"object: {raw[:120]!r}")
         raise EnvCallError(str(err.get("kind", "env")), str(err.get("type", "")),
                            str(err.get("message", "")), str(err.get("traceback", "")))
 
-    def _failed(self, op: str, e: BaseException, timeout: float, late: str) -> NoReturn:
+    def _failed(self, op: str, e: BaseException, timeout: float, late: str,
+                doomed: list | None = None) -> NoReturn:
         """A call broke at the boundary: the sandbox is killed (Ctrl-C too: a reply would come
         out of step) and the error says which call and why."""
         timed_out = isinstance(e, SandboxTimeout)
         why = self.transport.describe_exit() if isinstance(e, SandboxError) and not timed_out else ""
-        self.kill()
+        self._discard(doomed if isinstance(e, Exception) else None)  # Ctrl-C: all of it now
         if timed_out:
             raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "
                                  "killed") from None
@@ -337,10 +344,18 @@ class Sandbox:
     # ---------------------------------------------------------------- lifetime
     def kill(self) -> None:
         self.closed = True
-        if self._kill_later is not None:  # call_all: once every reply is read (a kill can take
-            self._kill_later.append(self)  # a while: a runner holding much memory frees it)
-            return
         self.transport.kill()
+
+    def _discard(self, doomed: list | None) -> None:
+        """Kill a sandbox whose call failed; with ``doomed`` (call_all), only stop it now and
+        leave the rest of the kill (reaping: a runner holding much memory takes a while to
+        die) until every reply of the batch is read."""
+        if doomed is None:
+            self.kill()
+            return
+        self.closed = True
+        self.transport.stop()
+        doomed.append(self)
 
     close = kill
 
@@ -384,13 +399,10 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
             now = time.monotonic()
             if late_until == -math.inf and now > pending[2] + pending[1] - LATE_READ_S:
                 late_until = now + LATE_READ_S
-            sandbox._kill_later = doomed
             try:
-                out.append(sandbox._receive(pending, late_until))
+                out.append(sandbox._receive(pending, late_until, doomed))
             except EnvforgeError as e:
                 out.append(e)
-            finally:
-                sandbox._kill_later = None
         return out
     except BaseException:
         for (sandbox, _, _), pending in list(zip(calls, sent))[len(out):]:

@@ -84,8 +84,8 @@ from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
 from envforge.progress import Progress, reporter
-from sandbox.base import (Backend, LineBuffer, Sandbox, Transport, check_hash_seed, cpu_per_call,
-                          poll_spinning, signal_name, write_all)
+from sandbox.base import (DRAIN_S, Backend, LineBuffer, Sandbox, Transport, check_hash_seed,
+                          cpu_per_call, poll_spinning, signal_name, write_all)
 
 HERE = Path(__file__).resolve().parent
 CONTEXT = ("Dockerfile", "runner.py", "guards.py")  # the image's files (guards.py where present)
@@ -397,8 +397,11 @@ class ContainerTransport(Transport):
                     line = self._out.add(chunk, max_bytes)
                     if line is not None:
                         return line
-            if time.monotonic() >= deadline:  # past it: one look, not a trickle that outlasts it
-                raise SandboxTimeout(f"no reply within {timeout:g} s")
+            if time.monotonic() >= deadline + DRAIN_S:  # a trickle: not for ever
+                line = self._out.pop_line(max_bytes)  # (a line demuxed just now is in)
+                if line is None:
+                    raise SandboxTimeout(f"no reply within {timeout:g} s")
+                return line
         return line
 
     def _demux(self, chunk: bytes) -> None:

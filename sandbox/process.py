@@ -69,7 +69,7 @@ from pathlib import Path
 from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
-from sandbox.base import (SPIN_S, Backend, LineBuffer, Sandbox, Transport, calls_in_flight,
+from sandbox.base import (DRAIN_S, SPIN_S, Backend, LineBuffer, Sandbox, Transport, calls_in_flight,
                           check_hash_seed, cpu_per_call, poll_spinning, signal_name, write_all)
 from sandbox.runner import BELL, SHM_CAPACITY, SHM_HEADER, SHM_OVERSIZE, SHM_REGION
 
@@ -123,7 +123,7 @@ class PipeTransport(Transport):
                 self._eof = True
                 raise SandboxCrashed("the runner exited")
             line = self._buf.add(chunk, max_bytes)
-            if line is None and time.monotonic() >= deadline:  # a trickle must not outlast it
+            if line is None and time.monotonic() >= deadline + DRAIN_S:  # a trickle: not for ever
                 raise SandboxTimeout(f"no reply within {timeout:g} s")
         return line
 
@@ -159,15 +159,18 @@ class PipeTransport(Transport):
                 continue
         return total / CLOCK_TICKS
 
-    def kill(self) -> None:
-        if self._killed:
-            return
-        self._killed = True
+    def stop(self) -> None:
         for send in (os.killpg, os.kill) if self.proc.returncode is None else ():  # not reaped
             try:
                 send(self.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
+
+    def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        self.stop()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
