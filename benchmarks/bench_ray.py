@@ -116,8 +116,6 @@ def example_lane(pool, rounds: int, size: int) -> float:
     """Env calls per second of a lane of ``size`` episodes of the example env (a real helpdesk
     env): each round resets every episode, then steps each with its plan's first action, each
     a call_all."""
-    source = (GOOD_DIR / "env.py").read_text()
-    assert pool.source == source
     leases = [pool.acquire(timeout=120) for _ in range(size)]
     try:
         plans = [lease.solve(i) for i, lease in enumerate(leases)]
@@ -151,6 +149,7 @@ def main() -> None:
         shutil.copytree(GOOD_DIR, work / f"env{i}")
         paths.append(str(work / f"env{i}"))
     limits = Limits()
+    example = (GOOD_DIR / "env.py").read_text()
     results: dict = {"audits": {}, "steps": {}}
     cluster = Cluster()
     try:
@@ -159,8 +158,7 @@ def main() -> None:
             local.wait_warm(120)
             results["steps"][f"local pool, {size}"] = steps_per_second(local, args.steps, size)
             local.close()
-            local = SandboxPool((GOOD_DIR / "env.py").read_text(), size=size, backend=args.backend,
-                                limits=limits)
+            local = SandboxPool(example, size=size, backend=args.backend, limits=limits)
             local.wait_warm(120)
             results["steps"][f"local pool, {size}"]["example_calls_per_s"] = example_lane(
                 local, args.steps // 3, size)
@@ -180,8 +178,7 @@ def main() -> None:
                 results["steps"][f"Ray actors, {nodes} node(s), {size}"] = {
                     **steps_per_second(pool, args.steps, size), "nodes_used": len(pool.nodes)}
                 pool.close()
-                pool = RayPool((GOOD_DIR / "env.py").read_text(), size=size, backend=args.backend,
-                               limits=limits)
+                pool = RayPool(example, size=size, backend=args.backend, limits=limits)
                 results["steps"][f"Ray actors, {nodes} node(s), {size}"]["example_calls_per_s"] = \
                     example_lane(pool, args.steps // 3, size)
                 pool.close()

@@ -6,8 +6,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``envforge.make``, ``envforge.make_pool`` and ``envforge.step_all`` (envforge/gym.py), imported on first use so
-    that ``import envforge`` does not load gymnasium (PEP 562)."""
+    """``envforge.make``, ``envforge.make_pool`` and ``envforge.step_all`` (envforge/gym.py),
+    imported on first use so that ``import envforge`` does not load gymnasium (PEP 562)."""
     if name in ("make", "make_pool", "step_all"):
         from envforge import gym
         return getattr(gym, name)

@@ -346,8 +346,8 @@ class RemoteActor:
     def __init__(self, pool: "RayPool", slots: int, node: str | None = None):
         self.pool, self.slots = pool, slots
         self.actor = pool._spawn(slots, node)
-        self.episodes: list[list[tuple[str, Any]]] = [[] for _ in range(slots)]
-        self.digests: list[list[str]] = [[] for _ in range(slots)]  # what each call answered
+        # per slot, its episode so far: (op, arg, a digest of what the call answered)
+        self.episodes: list[list[tuple[str, Any, str]]] = [[] for _ in range(slots)]
         self.diverged: set[int] = set()  # slots whose replay answered otherwise
         self.nodes: list[str | None] = [None] * slots
         self.metas: list[dict] = [{}] * slots
@@ -444,11 +444,9 @@ class RemoteActor:
         """Keep the slot's episode so far (only this thread touches it)."""
         ok = r.result[0] == "ok"
         if r.op == "reset":
-            self.episodes[r.slot] = [("reset", r.arg)] if ok else []
-            self.digests[r.slot] = [_digest(r.result)] if ok else []
+            self.episodes[r.slot] = [("reset", r.arg, _digest(r.result))] if ok else []
         elif r.op == "step" and ok:
-            self.episodes[r.slot].append(("step", r.arg))
-            self.digests[r.slot].append(_digest(r.result))
+            self.episodes[r.slot].append(("step", r.arg, _digest(r.result)))
 
     def _send(self, batch: list) -> list[list[tuple]]:
         for attempt in range(ACTOR_REPLACEMENTS + 1):
@@ -479,12 +477,13 @@ class RemoteActor:
         self.kill(stop=False)
         self.actor = self.pool._spawn(self.slots, replacing=True)
         answers = self._get(self.actor.run.remote(
-            [(i, [("ready", None)] + self.episodes[i]) for i in range(self.slots)]))
+            [(i, [("ready", None)] + [(op, arg) for op, arg, _ in self.episodes[i]])
+             for i in range(self.slots)]))
         self._took(answers)
         for i, results in enumerate(answers):
-            if [_digest(r) for r in results[1:]] != self.digests[i]:
+            if [_digest(r) for r in results[1:]] != [d for _, _, d in self.episodes[i]]:
                 self.diverged.add(i)
-                self.episodes[i], self.digests[i] = [], []
+                self.episodes[i] = []
 
     def kill(self, stop: bool = True) -> None:
         if stop:

@@ -39,7 +39,7 @@ env in the thread that steps it, or lease its sandboxes from a pool (``make_pool
 thread starts them.
 
 Many envs of one pool step together with ``step_all(envs, actions)``: the requests go out at
-once and the sandboxes work in parallel (one actor call per node for a Ray pool), with no
+once and the sandboxes work in parallel (one actor call per actor for a Ray pool), with no
 thread per env; each env gets its result or its error, as ``step`` would give it.
 """
 from __future__ import annotations
@@ -241,21 +241,17 @@ class SandboxEnv(gymnasium.Env):
         self._sandbox = self._lease = None
 
     def _call(self, op: str, arg: Any) -> list:
-        self._ensure()
+        if self._sandbox is None or self._sandbox.closed:
+            self._drop()
+            self._connect()
         try:
             return getattr(self._sandbox, op)(self._instance, arg)
         except (EnvCallError, SandboxError) as e:
             self._failed(e)
             raise
 
-    def _ensure(self) -> None:
-        """A live sandbox: a new one when the last died."""
-        if self._sandbox is None or self._sandbox.closed:
-            self._drop()
-            self._connect()
-
     def _failed(self, e: EnvforgeError) -> None:
-        """A call failed: the episode is over; a sandbox that broke is let go."""
+        """A call failed: the episode is over; a sandbox that broke (or is gone) is let go."""
         self._live = False
         if isinstance(e, SandboxError):
             self._drop()
@@ -335,7 +331,7 @@ def _finite(x: int | float) -> bool:
 def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:
     """``env.step(action)`` for each pair, the steps sent together when the envs are leased from
     one pool that can (its ``call_all``): their sandboxes work in parallel, and a ``RayPool``
-    sends one actor call per node, not one per env. Returns, per env, its step's result or the
+    sends one actor call per actor, not one per env. Returns, per env, its step's result or the
     ``EnvforgeError`` that ``step`` would have raised (wrapped envs are stepped unwrapped).
     Each step has its own time limit; after a slow one, the replies read late share a grace of
     ``sandbox.base.LATE_READ_S``. An interrupt (Ctrl-C) ends every episode that was stepped."""
@@ -353,11 +349,11 @@ def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:
     try:
         if len(pools) == 1 and hasattr(pool, "call_all"):
             answers = pool.call_all([(envs[i]._lease, "step", actions[i]) for i in ready])
-        else:
+        else:  # one after another
             answers = []
             for i in ready:
                 try:
-                    answers.append(envs[i]._call("step", actions[i]))
+                    answers.append(envs[i]._sandbox.step(envs[i]._instance, actions[i]))
                 except EnvforgeError as e:
                     answers.append(e)
     except BaseException:  # some replies read, some sandboxes killed: no episode is in step
@@ -367,11 +363,12 @@ def step_all(envs: Sequence[SandboxEnv], actions: Sequence[dict]) -> list:
                 envs[i]._drop()
         raise
     for i, answer in zip(ready, answers):
+        if isinstance(answer, EnvforgeError):
+            if isinstance(answer, (EnvCallError, SandboxError)):  # as _call would
+                envs[i]._failed(answer)
+            out[i] = answer
+            continue
         try:
-            if isinstance(answer, EnvforgeError):
-                if isinstance(answer, (EnvCallError, SandboxError)):
-                    envs[i]._failed(answer)
-                raise answer
             out[i] = envs[i]._stepped(answer)
         except EnvforgeError as e:
             out[i] = e

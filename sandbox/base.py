@@ -218,7 +218,8 @@ class Sandbox:
         IDLE_CPU_PER_CALL_S per call (the runner's waiting), was used while idle; over
         IDLE_CPU_S kills the sandbox (SandboxCrashed). Then marks the clock afresh. It runs too
         after a call of REMARK_S or more, whose wall time would otherwise leave slack (a mark
-        without a check would forgive what was used since the last one). Transports that cannot tell (cpu_seconds() is None) are not checked here."""
+        without a check would forgive what was used since the last one). Transports that cannot
+        tell (cpu_seconds() is None) are not checked here."""
         reader = getattr(self.transport, "cpu_seconds", None)  # (a duck-typed transport: none)
         used = reader() if reader else None
         if used is None:
@@ -396,8 +397,9 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
             if isinstance(pending, EnvforgeError):
                 out.append(pending)
                 continue
+            _, timeout, started = pending
             now = time.monotonic()
-            if late_until == -math.inf and now > pending[2] + pending[1] - LATE_READ_S:
+            if late_until == -math.inf and now > started + timeout - LATE_READ_S:
                 late_until = now + LATE_READ_S
             try:
                 out.append(sandbox._receive(pending, late_until, doomed))

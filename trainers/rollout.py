@@ -112,7 +112,7 @@ def _reset(ep: Episode, factory: EnvFactory) -> None:
 
 def _step_lane(live: list[Episode], actions: list[dict]) -> list[tuple | None]:
     """The lane's env steps, sent together (``envforge.gym.step_all``: the sandboxes work in
-    parallel, one actor call per node on Ray); an episode whose step failed ends with the error."""
+    parallel, one actor call per actor on Ray); an episode whose step failed ends with the error."""
     from envforge.gym import step_all
     results = step_all([ep.env for ep in live], actions)
     for i, (ep, res) in enumerate(zip(live, results)):
