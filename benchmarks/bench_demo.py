@@ -5,7 +5,8 @@
 
 Each seed runs the whole demo (its own folder under --out) in a fresh process, --jobs at a time
 (default 1: one after the other, progress on stderr; more: each seed's progress in
-<out>/seed<N>.log; each run uses --threads cores). Prints the per-seed table and the goals, and
+<out>/seed<N>.log, and each run kept to its share of the cores, so that its jobs and its base
+agent's threads fit in them instead of crowding the other runs' cores; the numbers are the same). Prints the per-seed table and the goals, and
 writes benchmarks/results/demo.json. Seeds that an earlier run of the same settings measured on
 the same commit (a clean tree) are kept there and counted in the table and the goals (a seed
 run again replaces its row): `--seeds 0,1,2` then `--seeds 3,4` give one 5-seed table.
@@ -90,21 +91,29 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     seeds = [int(s) for s in a.seeds.split(",")]
     running, runs = {}, {}
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    jobs = max(1, a.jobs)
+    share = max(1, len(cpus) // jobs)
     while seeds or running:
-        while seeds and len(running) < max(1, a.jobs):
+        while seeds and len(running) < jobs:
             seed = seeds.pop(0)
+            slot = min(set(range(jobs)) - {r[3] for r in running.values()})
+            pin = None  # a share of the cores per run (a demo runs as many jobs as it sees cores)
+            if jobs > 1 and cpus:
+                mine = set(cpus[slot * share:(slot + 1) * share] or cpus)
+                pin = lambda mine=mine: os.sched_setaffinity(0, mine)  # noqa: E731
             out = Path(a.out) / f"seed{seed}"
             cmd = [sys.executable, "-m", "envforge", "demo", "--seed", str(seed), "--threads", str(a.threads),
                    "--out", str(out), "--fresh"] + (["--quick"] if a.quick else [])  # timed: no resuming
             out.mkdir(parents=True, exist_ok=True)
             log = None if a.jobs <= 1 else open(out.parent / f"seed{seed}.log", "w")
-            running[seed] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log),
-                             out, time.perf_counter())
+            running[seed] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log,
+                                              preexec_fn=pin), out, time.perf_counter(), slot)
             if log:
                 log.close()
                 print(f"seed {seed}: started, progress in {log.name}", file=sys.stderr)
         time.sleep(1)
-        for seed, (proc, out, t0) in list(running.items()):
+        for seed, (proc, out, t0, _) in list(running.items()):
             if proc.poll() is None:
                 continue
             del running[seed]

@@ -501,12 +501,15 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     from envforge.demo import run
     from envforge.demo.config import DemoConfig
 
+    import torch
+
     class Stop(Exception):
         pass
-    made, said = [], []
+    made, said, threads = [], [], []
 
     def make_base(cfg, out, factory, progress):
         made.append(cfg.seed)
+        threads.append(torch.get_num_threads())
         out.mkdir(parents=True, exist_ok=True)
         (out / "weights").write_text(str(cfg.seed))
         if interrupt:
@@ -517,6 +520,7 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
         raise Stop  # the stage after the base: stop here, as a crash would
     monkeypatch.setattr(run, "make_base", make_base)
     monkeypatch.setattr(trainers.policy, "load_policy", load_policy)
+    monkeypatch.setattr(run, "cores", lambda: 2)  # the base agent, made alone, gets both
     cfg = DemoConfig.for_run(seed=3, quick=True)
     cfg.pool_size, cfg.backend = 1, "process"
     out = tmp_path / "out"
@@ -529,9 +533,10 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     go(cfg)  # Ctrl-C in the base stage: nothing kept
     interrupt = False
     go(cfg)
-    assert made == [3, 3]
+    assert made == [3, 3] and threads == [2, 2]
+    assert torch.get_num_threads() == 1  # the run's other stages: --threads
     state = json.loads((out / run.STATE).read_text())
-    assert state["done"]["base"]["result"] == {"parameters": 1, "seed": 3}
+    assert state["done"]["base"]["result"] == {"parameters": 1, "seed": 3, "threads": 2}
     said.clear()
     go(cfg)  # the same settings: the base agent is kept
     assert made == [3, 3] and any("resuming" in s and "base" in s for s in said)
@@ -547,6 +552,31 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     assert made == [3, 3, 4] and not (out / "results.json").exists()
     assert any("other settings" in s for s in said)
     assert (out / "base_model" / "weights").read_text() == "4"
+
+
+def test_quick_trains_the_full_runs_base_agent_less():
+    """--quick changes only how long the adapters train: its base agent is the full run's."""
+    from dataclasses import asdict
+
+    from envforge.demo.config import DemoConfig
+    full, quick = asdict(DemoConfig.for_run(seed=2)), asdict(DemoConfig.for_run(seed=2, quick=True))
+    assert {k for k in full if full[k] != quick[k]} == {"quick", "iterations"}
+    assert quick["iterations"] < full["iterations"]
+
+
+def test_the_base_agent_gets_the_cores_the_parallel_stages_use(monkeypatch):
+    from envforge.demo import run
+    from envforge.demo.config import DemoConfig
+    monkeypatch.setattr(run, "cores", lambda: 8)
+    assert run.alone_threads(DemoConfig.for_run()) == 8
+    assert run.alone_threads(DemoConfig.for_run(threads=3)) == 6  # two jobs of 3 would run
+    assert run.alone_threads(DemoConfig.for_run(threads=16)) == 16  # one job, its own threads
+    monkeypatch.setattr(run, "cores", lambda: 1)
+    assert run.alone_threads(DemoConfig.for_run()) == 1
+    gpu = DemoConfig.for_run(threads=2)
+    gpu.device = "cuda"  # (no GPU needed: only the setting is read)
+    monkeypatch.setattr(run, "cores", lambda: 8)
+    assert run.alone_threads(gpu) == 2  # the model learns on the GPU: --threads as given
 
 
 def _crash(job, progress):
