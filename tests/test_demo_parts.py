@@ -595,3 +595,36 @@ def test_an_evaluation_job_that_crashes_leaves_its_traceback(tmp_path):
                                         r"\(traceback in .*crash.log\)"):
         run_many(_crash, [job], 1, what="evaluate:")
     assert "Traceback" in log.read_text() and "boom in routed" in log.read_text()
+
+
+def test_the_baseline_is_evaluated_in_its_own_job_once_it_has_trained(tmp_path, monkeypatch):
+    """GRPO on the target trains, then is evaluated, in one job (its evaluation starts as soon as
+    its training ends, beside the other methods' evaluations): the evaluation reads the adapter
+    the training wrote, and the job's result holds both."""
+    from pathlib import Path
+
+    import trainers.parallel
+    from envforge.demo import run
+    from envforge.demo.config import DemoConfig
+    from envforge.progress import Step
+    order, steps = [], []
+
+    def run_job(job, progress=None):
+        order.append("train")
+        Path(job.out).mkdir(parents=True)
+        (Path(job.out) / "adapter_model.safetensors").write_text("w")
+        progress(Step("1/1", None, 1, 1, record="iteration"))
+        return {"rollouts": 16}
+
+    def evaluate_job(job, progress=None):
+        order.append("evaluate")
+        return {"read": (Path(job.adapter) / "adapter_model.safetensors").read_text()}
+    monkeypatch.setattr(trainers.parallel, "run_job", run_job)
+    monkeypatch.setattr(run, "evaluate_job", evaluate_job)
+    train = trainers.parallel.Job("GRPO on the target", "model", "target", str(tmp_path / "grpo"), None)
+    job = run.BaselineJob(train.name, train, run.EvalJob("grpo_target", "adapter", "model",
+                                                         str(tmp_path / "grpo"), "target", [1], DemoConfig()))
+    result = run.stage_job(job, steps.append)
+    assert order == ["train", "evaluate"]
+    assert result == {"trained": {"rollouts": 16}, "evaluation": {"read": "w"}}
+    assert [s.text for s in steps] == ["1/1", "evaluating"]

@@ -330,11 +330,27 @@ def evaluate_job(job: EvalJob, progress=None) -> dict:
     return evaluate_method(policy, Path(job.target), job.seeds, cfg)
 
 
+@dataclass
+class BaselineJob:
+    """GRPO on the target: its training (``trainers.parallel.Job``), then its evaluation
+    (``EvalJob``), in one process, so that the evaluation starts as soon as the training ends."""
+    name: str
+    train: Any
+    evaluation: EvalJob
+    out: str | None = None
+
+
 def stage_job(job, progress=None) -> dict:
-    """A job of the last stage, in a process of its own or here: the baseline's training
-    (``trainers.parallel.Job``) or a method's evaluation (``EvalJob``)."""
+    """A job of the last stage, in a process of its own or here: a method's evaluation
+    (``EvalJob``), or the baseline's training and evaluation (``BaselineJob``: ``{"trained",
+    "evaluation"}``)."""
     from trainers.parallel import run_job
-    return evaluate_job(job) if isinstance(job, EvalJob) else run_job(job, progress)
+    if isinstance(job, EvalJob):
+        return evaluate_job(job)
+    trained = run_job(job.train, progress)
+    if progress is not None:
+        progress(Step("evaluating", None, 0, 0))
+    return {"trained": trained, "evaluation": evaluate_job(job.evaluation)}
 
 
 def cores() -> int:
@@ -455,7 +471,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     with timed("synth"):
         specs = load_capabilities(out / "capabilities.json")
         synth = synthesize_batch(specs, tfolder, SynthConfig(synthesizer="template", out_dir=out / "envs",
-                                                              backend=cfg.backend, concurrency=1))
+                                                              backend=cfg.backend,
+                                                              concurrency=workers(cfg, len(specs))))
         envs = {r.capability: Path(r.path) for r in synth if r.verdict == "accept"}
         results["synth"] = [{"capability": r.capability, "env": r.slug, "verdict": r.verdict,
                              "error": r.error} for r in synth]
@@ -499,9 +516,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             if fam:
                 adapter_of[fam] = a.name
         iterations = 4 * cfg.iterations * max(1, len(envs))
-        baseline = Job("GRPO on the target", str(model_dir), str(target), str(out / "grpo_target"),
-                       grpo_config(cfg, iterations, rollouts_adapters or cfg.iterations * 16),
-                       base_model=str(model_dir))
+        train = Job("GRPO on the target", str(model_dir), str(target), str(out / "grpo_target"),
+                    grpo_config(cfg, iterations, rollouts_adapters or cfg.iterations * 16),
+                    base_model=str(model_dir))
+        baseline = BaselineJob(train.name, train, job("grpo_target", "adapter", out / "grpo_target"), train.out)
         jobs = [baseline, job("base", "base")]
         if infos:
             jobs += [job("routed", "routed", adapters), job("merged", "merged", adapters)]
@@ -510,16 +528,19 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
                      for kind in sorted(set(kinds.values())) if kind in adapter_of]
         n = workers(cfg, len(jobs))
         progress.say(f"evaluate: {', '.join(j.name for j in jobs[1:])} on {len(seeds)} tasks, beside "
-                     f"GRPO on the target ({baseline.config.max_rollouts} rollouts; {n} at a time)")
+                     f"GRPO on the target ({train.config.max_rollouts} rollouts, then its evaluation; "
+                     f"{n} at a time)")
 
         def show(name: str, step: Step) -> None:
             if step.record is not None:  # the baseline's iterations
                 progress.step(step.done, step.total, f"iterations of GRPO on the target, reward "
                               f"{step.record.reward_mean:.2f}", force=True)
+            elif step.text == "evaluating":
+                progress.say(f"evaluate: GRPO on the target trained; on {len(seeds)} tasks")
         done = dict(zip((j.name for j in jobs), run_many(stage_job, jobs, n, show, what="evaluate:")))
-        results["training"]["grpo_target"] = {"iterations": iterations, **_trained(done.pop(baseline.name))}
-        progress.say(f"evaluate: GRPO on the target on {len(seeds)} tasks")
-        done["grpo_target"] = evaluate_job(job("grpo_target", "adapter", out / "grpo_target"))
+        ran = done.pop(baseline.name)
+        results["training"]["grpo_target"] = {"iterations": iterations, **_trained(ran["trained"])}
+        done["grpo_target"] = ran["evaluation"]
         for name, r in done.items():
             per_task.setdefault(name.split(" ")[0], {}).update({e["seed"]: e["score"] for e in r["episodes"]})
     results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
