@@ -1,7 +1,8 @@
 """Ray benchmark: audits per minute with 1 and 2 nodes, and env steps per second through Ray
 sandbox actors against the local warm pool.
 
-    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--pool 4 16] [--out benchmarks/results/ray.json]
+    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--pool 4 16] [--pin]
+                                   [--out benchmarks/results/ray.json]
 
 A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU, then a second
 node with one CPU joining it. Audits: ``--audits`` copies of the example env, each a Ray task of
@@ -11,6 +12,10 @@ each ``--pool`` size stepping from as many threads, then together in one ``call_
 step (a rollout's lane: ``envforge.gym.step_all``), for ``sandbox.pool.SandboxPool`` and ``RayPool``
 (whose calls to one actor travel together, one actor call per batch). Then the same lanes of
 the example env (a real env: a reset and a step of its plan per episode and round).
+
+``--pin`` also audits on a cluster of its own whose nodes are pinned to one core each (``taskset``:
+a node and every process it starts, sandboxes included, run on its core alone), as one-core
+machines would; unpinned, "one CPU" is Ray's count, and one node's audit also uses the other core.
 
 Goals (issue 17): audits/min with 2 nodes >= 1.8x 1 node; env steps/s through Ray actors >= 0.5x
 the local pool. Both nodes share this machine's cores with everything else running on it: the
@@ -77,6 +82,27 @@ def audits_per_minute(executor: RayExecutor, paths: list[str], seeds: int) -> di
             "nodes_used": len(set(executor.where[p] for p in paths))}
 
 
+def pinned_audits(cluster_cls, env: dict, paths: list[str], seeds: int) -> dict:
+    """Audits/min with 1 node, then 2, on a cluster of its own whose nodes are pinned to one core
+    each (``Cluster(pin=True)``): each node has one core, as a one-core machine would."""
+    os.environ.update(env)  # the cluster's token, read when ray is imported
+    import ray
+    cluster = cluster_cls(pin=True, env=env)
+    out = {}
+    try:
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        executor = RayExecutor()
+        for nodes in (1, 2):
+            if nodes == 2:
+                cluster.add_worker()
+                time.sleep(2)
+            out[f"{nodes} node(s)"] = audits_per_minute(executor, paths, seeds)
+    finally:
+        ray.shutdown()
+        cluster.stop()
+    return out
+
+
 def steps_per_second(pool, steps: int, threads: int) -> dict:
     """One lease stepping alone (latency), then ``threads`` leases at once (throughput)."""
     def run(n: int, out: list) -> None:
@@ -138,10 +164,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--pool", type=int, nargs="+", default=[4, 16], help="pool sizes")
     ap.add_argument("--backend", default="process")
+    ap.add_argument("--pin", action="store_true", help="also audit on a cluster whose nodes are "
+                    "pinned to one core each (needs 2 cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ray.json"))
     args = ap.parse_args()
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        ap.error("--pin needs 2 cores: one for each node")
 
-    from tests.ray_cluster import Cluster
+    from tests.ray_cluster import Cluster, cluster_env
     load0 = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     paths = []
@@ -151,7 +181,8 @@ def main() -> None:
     limits = Limits()
     example = (GOOD_DIR / "env.py").read_text()
     results: dict = {"audits": {}, "steps": {}}
-    cluster = Cluster()
+    shared = cluster_env()  # one token for both clusters: ray reads it once
+    cluster = Cluster(env=shared)
     try:
         for size in args.pool:
             local = SandboxPool(ECHO_ENV, size=size, backend=args.backend, limits=limits)
@@ -182,6 +213,11 @@ def main() -> None:
                 results["steps"][f"Ray actors, {nodes} node(s), {size}"]["example_calls_per_s"] = \
                     example_lane(pool, args.steps // 3, size)
                 pool.close()
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
+        cluster.stop()
+        if args.pin:  # a cluster of its own, after the other one has stopped
+            results["audits_pinned"] = pinned_audits(Cluster, shared, paths, args.seeds)
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
@@ -191,6 +227,9 @@ def main() -> None:
 
     a1, a2 = results["audits"]["1 node(s)"], results["audits"]["2 node(s)"]
     results["audit_speedup_2_vs_1"] = round(a2["per_min"] / a1["per_min"], 2)
+    if args.pin:
+        p1, p2 = results["audits_pinned"]["1 node(s)"], results["audits_pinned"]["2 node(s)"]
+        results["audit_speedup_2_vs_1_pinned"] = round(p2["per_min"] / p1["per_min"], 2)
     def versus(key: str) -> dict:
         return {k: round(v[key] / results["steps"][f"local pool, {k.rpartition(', ')[2]}"][key], 2)
                 for k, v in results["steps"].items()}
@@ -208,6 +247,12 @@ def main() -> None:
     for k, v in results["audits"].items():
         print(f"| {k} | {v['seconds']} | {v['per_min']} | {v['nodes_used']} |")
     print(f"\n2 nodes vs 1: {results['audit_speedup_2_vs_1']}x (goal >= 1.8x)\n")
+    if args.pin:
+        print("| audits, nodes pinned to one core each | seconds | audits/min | nodes used |")
+        print("|---|---|---|---|")
+        for k, v in results["audits_pinned"].items():
+            print(f"| {k} | {v['seconds']} | {v['per_min']} | {v['nodes_used']} |")
+        print(f"\n2 nodes vs 1, pinned: {results['audit_speedup_2_vs_1_pinned']}x (goal >= 1.8x)\n")
     print(f"| env steps ({args.steps} per lease), pool size | ms per step, one lease | steps/s, "
           "a thread per lease | vs local pool | steps/s, a lane in one call_all | vs local pool |")
     print("|---|---|---|---|---|---|")

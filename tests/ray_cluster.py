@@ -45,16 +45,18 @@ def _ports() -> list[str]:
 
 
 class Node:
-    def __init__(self, args: list[str], label: str, shared: dict):
+    def __init__(self, args: list[str], label: str, shared: dict, cpu: int | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix=f"ef-ray-{label}-", dir="/tmp"))  # short: sockets
         env = {**os.environ, **shared,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         self.log = open(self.dir / "node.log", "wb")
-        self.proc = subprocess.Popen([RAY, "start", "--block", "--num-cpus", "1",
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []  # the node and all it starts
+        self.proc = subprocess.Popen([*pin, RAY, "start", "--block", "--num-cpus", "1",
                                       "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.dir),
                                       "--disable-usage-stats", *_ports(), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=REPO)
+        self.cpu = cpu
 
     def pids(self, name: str | None = None) -> list[int]:
         """This node's processes (its process group, and the workers its raylet started in
@@ -103,23 +105,40 @@ class Node:
 
 class Cluster:
     """A head node and worker nodes (``add_worker``); ``address`` is the head's, ``env`` what a
-    client needs in its environment to join (the token)."""
+    client needs in its environment to join (the token; ``env``: another cluster's, so that one
+    client process can join both in turn). ``pin``: node i runs on core i alone
+    (its raylet, workers and the sandboxes they start), so that "one CPU each" is one core each,
+    as on separate one-core machines; unpinned, every node's processes use any core."""
 
-    def __init__(self):
-        self.env = cluster_env()
+    def __init__(self, pin: bool = False, env: dict | None = None):
+        self.pin = pin
+        self.env = env or cluster_env()
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.head = Node(["--head", "--port", str(self.port), "--include-dashboard", "false",
                           "--dashboard-port", str(free_port()),
-                          "--ray-client-server-port", str(free_port())], "head", self.env)
+                          "--ray-client-server-port", str(free_port())], "head", self.env,
+                         self._cpu(0))
         self.workers: list[Node] = []
         self._wait(1)
 
     def add_worker(self) -> Node:
-        node = Node(["--address", self.address], "worker", self.env)
+        node = Node(["--address", self.address], "worker", self.env, self._cpu(1 + len(self.workers)))
         self.workers.append(node)
         self._wait(1 + sum(w.proc.poll() is None for w in self.workers))
         return node
+
+    def _cpu(self, i: int) -> int | None:
+        """The core node ``i`` is pinned to (None: unpinned); needs a core per node."""
+        if not self.pin:
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+        if shutil.which("taskset") is None:
+            raise RuntimeError("cannot pin a node to a core: no taskset (apt-get install util-linux)")
+        if i >= len(cpus):
+            raise RuntimeError(f"cannot pin node {i + 1} to a core of its own: this process may use "
+                               f"{len(cpus)} cores")
+        return cpus[i]
 
     def alive(self) -> list[str]:
         import ray

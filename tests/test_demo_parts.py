@@ -474,8 +474,9 @@ def test_a_copy_warm_up_that_never_began_to_learn_starts_again_from_another_init
         def say(self, text): said.append(text)
         def step(self, *a): pass
 
-    def fake(model, tokenizer, *, steps, seed, fields, lr, progress):
-        assert lr == cfg.copy_lr
+    def fake(model, tokenizer, *, steps, max_steps, seed, fields, lr, progress):
+        assert lr == cfg.copy_lr and steps == cfg.copy_steps
+        assert max_steps == run.COPY_MAX * cfg.copy_steps == 5 * cfg.copy_steps  # on until learnt
         seeds.append(seed)
         weights.append(model.get_input_embeddings().weight.detach().clone())
         worst = reports.pop(0)
@@ -624,6 +625,8 @@ def test_the_baseline_is_evaluated_in_its_own_job_once_it_has_trained(tmp_path, 
     train = trainers.parallel.Job("GRPO on the target", "model", "target", str(tmp_path / "grpo"), None)
     job = run.BaselineJob(train.name, train, run.EvalJob("grpo_target", "adapter", "model",
                                                          str(tmp_path / "grpo"), "target", [1], DemoConfig()))
+    import pickle
+    job = pickle.loads(pickle.dumps(job))  # as it travels to a spawned process
     result = run.stage_job(job, steps.append)
     assert order == ["train", "evaluate"]
     assert result == {"trained": {"rollouts": 16}, "evaluation": {"read": "w"}}

@@ -429,3 +429,33 @@ def test_a_dead_head_stops_the_run_with_a_clear_error_and_keeps_what_was_done(tm
     assert f"error: the Ray cluster's head at {c.address} stopped answering" in err
     assert "run the command again to resume" in err
     assert json.loads((tmp_path / "env0" / "report.json").read_text())["verdict"] == "accept"
+
+
+def test_a_pinned_cluster_keeps_each_node_on_a_core_of_its_own():
+    """bench_ray --pin: "one CPU each" as one core each. Every process of a pinned node (ray
+    start, its raylet and workers) may run on its own core alone."""
+    pytest.importorskip("ray", reason="ray is not installed")
+    pytest.importorskip("psutil", reason="psutil is not installed")
+    import psutil
+    from tests.ray_cluster import Cluster
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 cores to pin two nodes apart")
+    c = Cluster(pin=True)
+    try:
+        c.add_worker()
+        for node, cpu in ((c.head, cpus[0]), (c.workers[0], cpus[1])):
+            assert node.pids("raylet"), node.tail()
+            seen = set()
+            for pid in node.pids():
+                try:
+                    seen.add(tuple(psutil.Process(pid).cpu_affinity()))
+                except psutil.NoSuchProcess:  # an idle worker the raylet let go meanwhile
+                    pass
+            assert seen == {(cpu,)}, seen
+        if len(cpus) == 2:  # a third node has no core of its own: said before it starts
+            with pytest.raises(RuntimeError, match="cannot pin node 3 to a core of its own"):
+                c.add_worker()
+            assert len(c.workers) == 1
+    finally:
+        c.stop()

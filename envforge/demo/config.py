@@ -48,7 +48,7 @@ class DemoConfig(Settings):
                                    "the expert reads anyway, the read untrained (the base learns what follows "
                                    "a read, not to read more; 0.5 measured in docs/demo.md, not better on "
                                    "5 seeds).", low=0, high=1)
-    copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 3x, until "
+    copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 5x, until "
                                  "every kind is learnt).", low=0)
     copy_lr: float = setting(1e-3, "Learning rate of the copy warm-up.", above=0)
     policy_variants: float = setting(0.8, "Share of demonstrations shown a random policy as system prompt.",
