@@ -10,8 +10,9 @@ one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end. Env ste
 stepping alone (the per-step cost: a round trip to a sandbox), and all the leases of a pool of
 each ``--pool`` size stepping from as many threads, then together in one ``call_all`` per
 step (a rollout's lane: ``envforge.gym.step_all``), for ``sandbox.pool.SandboxPool`` and ``RayPool``
-(whose calls to one actor travel together, one actor call per batch). Then the same lanes of
-the example env (a real env: a reset and a step of its plan per episode and round).
+(whose calls to one actor travel together, one batch per actor: over the actor's direct
+channel, and again as Ray actor calls, "Ray calls"). Then the same lanes of the example env (a
+real env: a reset and a step of its plan per episode and round).
 
 ``--pin`` also audits on a cluster of its own whose nodes are pinned to one core each (``taskset``:
 a node and every process it starts, sandboxes included, run on its core alone), as one-core
@@ -207,14 +208,14 @@ def main() -> None:
         executor = RayExecutor()
         for nodes in grown(cluster):
             results["audits"][f"{nodes} node(s)"] = audits_per_minute(executor, paths, args.seeds)
-            for size in args.pool:
-                pool = RayPool(ECHO_ENV, size=size, backend=args.backend, limits=limits)
-                results["steps"][f"Ray actors, {nodes} node(s), {size}"] = {
-                    **steps_per_second(pool, args.steps, size), "nodes_used": len(pool.nodes)}
+            for size, direct in ((size, direct) for size in args.pool for direct in (True, False)):
+                key = f"Ray actors{'' if direct else ' (Ray calls)'}, {nodes} node(s), {size}"
+                pool = RayPool(ECHO_ENV, size=size, backend=args.backend, limits=limits, direct=direct)
+                results["steps"][key] = {**steps_per_second(pool, args.steps, size),
+                                         "nodes_used": len(pool.nodes), "direct_channels": pool.wired}
                 pool.close()
-                pool = RayPool(example, size=size, backend=args.backend, limits=limits)
-                results["steps"][f"Ray actors, {nodes} node(s), {size}"]["example_calls_per_s"] = \
-                    example_lane(pool, args.steps // 3, size)
+                pool = RayPool(example, size=size, backend=args.backend, limits=limits, direct=direct)
+                results["steps"][key]["example_calls_per_s"] = example_lane(pool, args.steps // 3, size)
                 pool.close()
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()

@@ -14,8 +14,10 @@ Both executors give the same answers; only the place differs. ``local`` imports 
   from the settings' ``probe_seed``, so a retried audit gives the same report.
 - Rollouts: ``RayPool`` has the lease API of ``sandbox.pool.SandboxPool``; its sandboxes live in
   Ray actors, one per node, each hosting its node's share. The steps that several leases send
-  to one actor at the same time (a rollout steps a whole lane at once) travel as one actor call:
-  a Ray call costs about a millisecond, a local sandbox step far less. An actor that died (its
+  to one actor at the same time (a rollout steps a whole lane at once) travel as one batch, over
+  a direct TCP channel to the actor (its address and a token come through Ray; a Ray call costs
+  about a millisecond, a local sandbox step far less), or as a Ray call where no channel can be
+  opened. An actor that died (its
   node was lost) is replaced by a new one and each of its sandboxes' episodes so far is
   replayed into it (reset with the same seed, the same actions: envs are deterministic, the
   gate checks it) before the calls are sent again, so the episodes go on as if nothing happened.
@@ -28,9 +30,13 @@ started on this machine for the run. Every node needs envforge installed (the sa
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import queue
+import secrets
+import socket
+import struct
 import sys
 import threading
 import time
@@ -52,6 +58,9 @@ ADDRESS_ENV = "ENVFORGE_RAY_ADDRESS"
 TASK_RETRIES = 3        # a Ray task whose node died runs again elsewhere, at most this often
 ACTOR_REPLACEMENTS = 3  # a sandbox actor that died is replaced at most this often per call
 GATHER_S = 0.002        # how long an actor's next call waits for its other leased sandboxes' calls
+WIRE_CONNECT_S = 5.0    # a direct channel to an actor not open by then: its calls go through Ray
+WIRE_TIMEOUT_S = 300.0  # a batch on a direct channel unanswered by then: its actor is taken for dead
+WIRE_MAX = 256 << 20    # most bytes of one message on a direct channel
 
 
 @dataclass
@@ -281,11 +290,56 @@ class SandboxActor:
         self.pool = SandboxPool(source, size=slots, backend=backend, limits=limits,
                                 hash_seed=hash_seed)
         self.leases: list[Lease | None] = [None] * slots
+        self._lock = threading.Lock()  # one batch at a time, whichever way it came
+        self._token = b""
+        threading.Thread(target=_die_with_parent, args=(os.getppid(),), name="envforge-watch",
+                         daemon=True).start()
+
+    def serve(self) -> tuple[str, int, str]:
+        """Open a direct channel to ``run`` and return ``(host, port, token)``: a TCP listener on
+        this node's address whose connections must first send the token (drawn here, handed out
+        only through Ray), then batches, each answered in turn (``_frame``: a length, then
+        JSON). A Ray actor call costs about a millisecond, a message on a warm TCP connection a
+        tenth of that: the steps of a lane go this way, Ray keeps placement, death and replay."""
+        import ray
+        self._token = secrets.token_hex(32).encode()
+        server = socket.create_server((ray.util.get_node_ip_address(), 0))
+        threading.Thread(target=self._accept, args=(server,), name="envforge-wire", daemon=True).start()
+        return server.getsockname()[0], server.getsockname()[1], self._token.decode()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the caller is connected
+                return
+            threading.Thread(target=self._talk, args=(conn, server), name="envforge-wire-conn",
+                             daemon=True).start()
+
+    def _talk(self, conn: socket.socket, server: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(WIRE_CONNECT_S)  # the token comes at once, or the peer is not ours
+                if not hmac.compare_digest(_read_exact(conn, len(self._token)), self._token):
+                    return
+                _shut(server)  # one caller: no one else gets to knock (a broken channel is
+                # the actor's end: it is replaced, with a listener of its own)
+                conn.settimeout(None)  # then the caller's pace: it closes when its pool does
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                while True:
+                    conn.sendall(_frame(self.run(_unframe(conn))))
+            except (OSError, ValueError):  # the caller went, or sent what is not a batch
+                return
 
     def run(self, batch: list[tuple[int, list[tuple[str, Any]]]]) -> list[list[tuple]]:
         """For each (slot, calls) of ``batch``, its calls in order: a list of ("ok", value) or
         ("error", failure) per call. The slots' n-th calls go out together (the pool's
         ``call_all``): their sandboxes work in parallel."""
+        with self._lock:
+            return self._run(batch)
+
+    def _run(self, batch: list) -> list[list[tuple]]:
         answers: list[list[tuple]] = [[] for _ in batch]
         for n in range(max((len(calls) for _, calls in batch), default=0)):
             sent = []
@@ -321,6 +375,46 @@ class SandboxActor:
         return lease
 
 
+def _shut(server: socket.socket) -> None:
+    """Stop listening (shutdown wakes the thread blocked in accept; close alone would not)."""
+    try:
+        server.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    server.close()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Exit when the process that started this one (a Ray worker's raylet) is gone: its node is
+    lost, Ray's calls to this actor fail, and so must its direct channel, or the caller would
+    go on with an actor the cluster has given up (and replaced, or not)."""
+    while os.getppid() == parent:
+        time.sleep(0.1)
+    os._exit(1)
+
+
+def _frame(value: Any) -> bytes:
+    data = json.dumps(value, separators=(",", ":")).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+def _read_exact(conn: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = conn.recv(min(n - len(out), 1 << 20))
+        if not chunk:
+            raise ConnectionError("the other end closed the channel")
+        out += chunk
+    return bytes(out)
+
+
+def _unframe(conn: socket.socket) -> Any:
+    (n,) = struct.unpack(">I", _read_exact(conn, 4))
+    if n > WIRE_MAX:
+        raise ValueError(f"a message of {n} bytes on the channel (at most {WIRE_MAX})")
+    return json.loads(_read_exact(conn, n))
+
+
 class _Request:
     """One sandbox call waiting for its batch; ``whole``: sent with all the calls its caller had
     for this actor (``RayPool.call_all``), so the batch need not wait for more."""
@@ -352,6 +446,8 @@ class RemoteActor:
         self.nodes: list[str | None] = [None] * slots
         self.metas: list[dict] = [{}] * slots
         self.dead = False
+        self.wire: socket.socket | None = None  # the direct channel to the actor (``connect``)
+        self.address: tuple[str, int] | None = None  # where its actor listens for one
         self.leased = 0  # how many of its sandboxes are lent out (RayPool keeps the count)
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
@@ -369,7 +465,38 @@ class RemoteActor:
             status, value = self._readiness[slot]
             if status == "error":
                 _raise(value)
+        self.connect()
         self._thread.start()
+
+    def connect(self) -> None:
+        """Open the direct channel to the actor (``SandboxActor.serve``), when the pool wants
+        one; one that cannot be opened (a port the network between the nodes blocks) leaves the
+        calls on Ray, slower and as right."""
+        self.close_wire()
+        if not self.pool.direct:
+            return
+        try:
+            host, port, token = self._get(self.actor.serve.remote())
+            self.address = (host, port)
+            conn = socket.create_connection((host, port), timeout=WIRE_CONNECT_S)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn.sendall(token.encode())
+            conn.settimeout(WIRE_TIMEOUT_S)
+        except (OSError, ValueError) as e:
+            self.pool._no_wire(str(e))
+            return
+        self.wire = conn
+        with self.pool._lock:
+            self.pool.wires += 1
+
+    def close_wire(self) -> None:
+        wire, self.wire = self.wire, None
+        if wire is not None:
+            try:
+                wire.close()
+            except OSError:
+                pass
 
     def _took(self, answers: list[list[tuple]]) -> None:
         """Each slot's answer to "ready" (its first call in a batch): its meta and node."""
@@ -453,6 +580,8 @@ class RemoteActor:
             try:
                 if attempt:
                     self._replace()
+                if self.wire is not None:
+                    return self._over_wire(batch)
                 return self._get(self.actor.run.remote(batch))
             except _ActorDied as e:
                 if attempt == ACTOR_REPLACEMENTS or self.pool.closed:
@@ -460,6 +589,23 @@ class RemoteActor:
                     raise ClusterError(f"a sandbox actor died {attempt + 1} times in a row (its "
                                        f"node lost?): {e}") from None
         raise AssertionError("unreachable")
+
+    def _over_wire(self, batch: list) -> list[list[tuple]]:
+        """``run(batch)`` over the direct channel. A channel that breaks or stays silent for
+        ``WIRE_TIMEOUT_S`` is the actor's death (a node lost closes its connections): the actor
+        is replaced like one whose Ray call failed."""
+        wire = self.wire
+        try:
+            if wire is None:  # closed under us (the pool closing)
+                raise ConnectionError("closed")
+            wire.sendall(_frame(batch))
+            answers = _unframe(wire)
+        except (OSError, ValueError) as e:
+            self.close_wire()
+            raise _ActorDied(f"its direct channel broke: {e}") from None
+        with self.pool._lock:
+            self.pool.wire_calls += 1
+        return answers
 
     def _get(self, ref: Any) -> Any:
         ray = _ray()
@@ -484,12 +630,14 @@ class RemoteActor:
             if [_digest(r) for r in results[1:]] != [d for _, _, d in self.episodes[i]]:
                 self.diverged.add(i)
                 self.episodes[i] = []
+        self.connect()
 
     def kill(self, stop: bool = True) -> None:
         if stop:
             with self._cond:
                 self.dead = True
                 self._cond.notify_all()
+        self.close_wire()
         try:
             _ray().kill(self.actor)
         except Exception:  # the actor or the cluster is gone already
@@ -555,11 +703,15 @@ class RayPool:
     ``sandbox_calls`` the resets, steps and solves in them."""
 
     def __init__(self, source: str, size: int = 4, backend: str = "auto",
-                 limits: Limits | None = None, hash_seed: int = 0, filename: str = "env.py"):
+                 limits: Limits | None = None, hash_seed: int = 0, filename: str = "env.py",
+                 direct: bool = True):
         if size < 1:
             raise UsageError(f"a pool needs at least one sandbox, got size={size}")
         ray = _ray()
         self.source, self.size, self.filename, self.backend = source, size, filename, backend
+        self.direct = direct  # the steps over a direct channel to each actor (else Ray calls)
+        self.unwired: list[str] = []  # why a direct channel could not be opened, per try
+        self.wires = self.wire_calls = 0  # the channels opened, and the batches sent over them
         self.limits, self.hash_seed = limits or Limits(), hash_seed
         self.started = self.replaced = 0
         self.actor_calls = self.sandbox_calls = 0  # the calls sent, and the sandbox calls in them
@@ -599,6 +751,19 @@ class RayPool:
         with self._lock:
             self.actor_calls += 1
             self.sandbox_calls += calls
+
+    def _no_wire(self, why: str) -> None:
+        with self._lock:
+            first = not self.unwired
+            self.unwired.append(why)
+        if first:
+            print(f"envforge: no direct channel to a sandbox actor ({why}); its env steps go "
+                  "through Ray's calls, slower", file=sys.stderr)
+
+    @property
+    def wired(self) -> int:
+        """How many of the actors take their steps over a direct channel."""
+        return sum(a.wire is not None for a in self.actors)
 
     def _placed(self, node: str) -> None:
         with self._lock:
@@ -676,5 +841,5 @@ class RayPool:
 
     def __repr__(self) -> str:
         return (f"RayPool(size={self.size}, backend={self.backend!r}, actors={len(self.actors)}, "
-                f"started={self.started}, replaced={self.replaced}, nodes={len(self.nodes)}, "
+                f"started={self.started}, replaced={self.replaced}, nodes={len(self.nodes)}, wired={self.wired}, "
                 f"calls={self.sandbox_calls} in {self.actor_calls})")

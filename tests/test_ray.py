@@ -194,9 +194,11 @@ def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
     assert all(len(p.actors) == 2 and p.actor_calls < p.sandbox_calls for p in pools), pools
 
 
-def test_call_all_sends_one_actor_call_per_node_and_answers_as_the_local_pool(cluster):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct channel", "ray calls"])
+def test_call_all_sends_one_actor_call_per_node_and_answers_as_the_local_pool(cluster, direct):
     """RayPool.call_all (what a rollout's lane uses): the steps of each actor's sandboxes travel
-    as one actor call, and each call gets what the local pool's call_all gives it, errors too."""
+    as one actor call (over its direct channel, or as a Ray call), and each call gets what the
+    local pool's call_all gives it, errors too."""
     from envforge.contract import Limits
     from envforge.errors import EnvCallError
     from envforge.executor import RayPool
@@ -209,20 +211,81 @@ def test_call_all_sends_one_actor_call_per_node_and_answers_as_the_local_pool(cl
     actions = [say("a"), say("boom"), say("c"), say("d")]
     answers = []
     for pool in (SandboxPool(BY_ACTION, size=4, backend="process", limits=limits),
-                 RayPool(BY_ACTION, size=4, backend="process", limits=limits)):
+                 RayPool(BY_ACTION, size=4, backend="process", limits=limits, direct=direct)):
         try:
             leases = [pool.acquire(timeout=60) for _ in range(4)]
             pool.call_all([(lease, "reset", i) for i, lease in enumerate(leases)])
-            calls = getattr(pool, "actor_calls", 0), getattr(pool, "sandbox_calls", 0)
+            calls = [getattr(pool, name, 0) for name in ("actor_calls", "sandbox_calls", "wire_calls")]
             out = pool.call_all(list(zip(leases, ["step"] * 4, actions)))
             if isinstance(pool, RayPool):
                 assert len(pool.actors) == 2 and len(pool.nodes) == 2
                 assert (pool.actor_calls - calls[0], pool.sandbox_calls - calls[1]) == (2, 4)
+                assert pool.wire_calls - calls[2] == (2 if direct else 0)
+                assert pool.wired == (2 if direct else 0) and not pool.unwired
             assert isinstance(out[1], EnvCallError) and "boom" in str(out[1])
             answers.append([o if o is not out[1] else "error" for o in out])
         finally:
             pool.close()
     assert answers[0] == answers[1] and answers[0][0][0]["messages"][0]["content"] == "echo a"
+
+
+def test_a_direct_channel_answers_only_the_holder_of_its_token(cluster):
+    """An actor's direct channel listens on its node's address until its caller is connected: a
+    peer that does not send the token Ray handed to the pool first is hung up on, a batch it
+    sends anyway unanswered, and once the caller is in, no one else gets an answer either (the
+    pool's own calls go on as before)."""
+    import socket
+    import struct
+    from envforge.contract import Limits
+    from envforge.executor import RayPool
+    from tests.test_pool import BY_ACTION, say
+    ray_executor()
+    pool = RayPool(BY_ACTION, size=1, backend="process", limits=Limits(call_timeout_s=5.0))
+    try:
+        [lease] = [pool.acquire(timeout=60)]
+        lease.reset(3)
+        batch = json.dumps([[0, [["step", say("intruder")]]]]).encode()
+        with pytest.raises(ConnectionRefusedError):  # the caller is connected: the door is shut
+            socket.create_connection(pool.actors[0].address, timeout=10).close()
+        import ray
+        host, port, _ = ray.get(pool.actors[0].actor.serve.remote())  # a listener of its own
+        for token in (b"0" * 64, b"", b"x" * 200):
+            with socket.create_connection((host, port), timeout=10) as peer:
+                peer.settimeout(15)
+                try:
+                    peer.sendall(token + struct.pack(">I", len(batch)) + batch)
+                    answer = peer.recv(1 << 16)
+                except ConnectionResetError:
+                    answer = b""
+                assert answer == b"", answer[:200]
+        calls = pool.wire_calls
+        assert lease.step(say("owner"))[0]["messages"][0]["content"] == "echo owner"
+        assert pool.wire_calls == calls + 1 and pool.wires == 1
+    finally:
+        pool.close()
+
+
+def test_a_pool_whose_direct_channel_cannot_be_opened_steps_through_ray(cluster, monkeypatch, capfd):
+    """A network that blocks the actors' ports between the nodes costs speed, not answers."""
+    import socket
+    from envforge.contract import Limits
+    from envforge.executor import RayPool
+    from tests.test_pool import BY_ACTION, say
+    ray_executor()
+
+    def blocked(*args, **kwargs):
+        raise ConnectionRefusedError("connection refused")
+    monkeypatch.setattr(socket, "create_connection", blocked)
+    pool = RayPool(BY_ACTION, size=2, backend="process", limits=Limits(call_timeout_s=5.0))
+    try:
+        leases = [pool.acquire(timeout=60) for _ in range(2)]
+        pool.call_all([(lease, "reset", i) for i, lease in enumerate(leases)])
+        out = pool.call_all([(lease, "step", say(str(i))) for i, lease in enumerate(leases)])
+        assert [o[0]["messages"][0]["content"] for o in out] == ["echo 0", "echo 1"]
+        assert pool.wired == pool.wire_calls == 0 and pool.unwired and pool.actor_calls >= 2
+    finally:
+        pool.close()
+    assert "no direct channel to a sandbox actor (connection refused)" in capfd.readouterr().err
 
 
 def test_call_all_of_some_leases_does_not_wait_for_the_others(cluster, monkeypatch):
@@ -345,6 +408,8 @@ def test_a_node_killed_mid_rollout_loses_nothing(cluster, tiny):
     there = evaluate(KillingPolicy(policy, cluster, at=2), tasks, config, executor=executor).to_dict()
     assert len(pools[0].nodes) == 2 and pools[0].replaced >= 1  # the dead node's sandboxes ...
     assert there == here  # ... were replaced and their episodes replayed: the same scores
+    # the steps went over the direct channels, the replacement's too (its old one broke)
+    assert pools[0].wire_calls > 0 and pools[0].wires == pools[0].started and not pools[0].unwired
 
 
 def test_an_episode_whose_replay_answers_otherwise_is_lost_not_continued(cluster):
