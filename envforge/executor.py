@@ -292,8 +292,9 @@ class SandboxActor:
         self.leases: list[Lease | None] = [None] * slots
         self._lock = threading.Lock()  # one batch at a time, whichever way it came
         self._token = b""
-        threading.Thread(target=_die_with_parent, args=(os.getppid(),), name="envforge-watch",
-                         daemon=True).start()
+        if _process_name(os.getppid()) == "raylet":  # (a worker started some other way: not watched)
+            threading.Thread(target=_die_with_parent, args=(os.getppid(),), name="envforge-watch",
+                             daemon=True).start()
 
     def serve(self) -> tuple[str, int, str]:
         """Open a direct channel to ``run`` and return ``(host, port, token)``: a TCP listener on
@@ -382,6 +383,13 @@ def _shut(server: socket.socket) -> None:
     except OSError:
         pass
     server.close()
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # not Linux, or gone
+        return ""
 
 
 def _die_with_parent(parent: int) -> None:
