@@ -334,6 +334,23 @@ def test_confirmation_env_gives_an_unconfirmed_write_nothing():
     assert play(Env, seed, ref[1:])[0] == 0.8                                     # no read first
 
 
+def test_precondition_refusal_that_lists_every_status_is_not_a_reason():
+    """A refusal earns its reason's credit by naming the status the record has: one that names
+    every status that forbids the write (a guess that is always right) earns what a refusal with
+    no reason earns."""
+    Env = load_env(synthesize_template("precondition verification", FAMILIES[0], load_target("example"))[0])
+    plan = Env._world.__globals__["PLAN"]
+    seed = _by_skill(Env, when=lambda env: env._sc["blocker"] == "status")["status_check"]
+    read, refusal = Env().solve(seed)[-2:]
+    assert play(Env, seed, [read, refusal])[0] == 1.0
+    env = Env()
+    env.reset(seed)
+    status = env._w["entities"][env._sc["key"]]["status"]
+    every = "I'm sorry, I can't do that: the ticket is {}.".format(" or ".join(plan["blocked_statuses"]))
+    assert play(Env, seed, [read, assistant(every)])[0] == 0.6                   # read, no reason
+    assert play(Env, seed, [read, assistant(f"I'm sorry, I can't: it is {status}.")])[0] == 1.0
+
+
 def test_precondition_users_sometimes_urge_the_change_and_the_check_is_owed_all_the_same():
     """About half the requests press for the change ("right away, no need to check"); a blind
     write on one of those earns what a blind write earns on a calm one."""

@@ -109,8 +109,11 @@ class Env(BaseEnv):
         if not REFUSE.search(_norm(text)):
             return None, None
         sc, t = self._sc, _norm(text)
-        if sc["blocker"] == "status":
-            reason = _norm(self._w["entities"][sc["key"]]["status"]) in t
+        if sc["blocker"] == "status":  # its status named, and no other status that forbids it
+            status = _norm(self._w["entities"][sc["key"]]["status"])
+            reason = status in t and not any(
+                o not in status and re.search(r"(?<![a-z0-9]){}(?![a-z0-9])".format(re.escape(o)), t)
+                for o in (_norm(b) for b in PLAN["blocked_statuses"]))
         else:
             reason = sc["blocker"] == "owner" and OWNER_CLAIM.search(t) is not None
         self._s.update(checked=self._checked(), reason=reason)
