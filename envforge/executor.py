@@ -17,9 +17,8 @@ Both executors give the same answers; only the place differs. ``local`` imports 
   to one actor at the same time (a rollout steps a whole lane at once) travel as one batch, over
   a direct TCP channel to the actor (its address and a token come through Ray; a Ray call costs
   about a millisecond, a local sandbox step far less), or as a Ray call where no channel can be
-  opened. An actor that died (its
-  node was lost) is replaced by a new one and each of its sandboxes' episodes so far is
-  replayed into it (reset with the same seed, the same actions: envs are deterministic, the
+  opened. An actor that died (its node was lost) is replaced by a new one and each of its
+  sandboxes' episodes so far is replayed into it (reset with the same seed, the same actions: envs are deterministic, the
   gate checks it) before the calls are sent again, so the episodes go on as if nothing happened.
 - LLM requests are not sent from Ray: synthesis keeps them on the caller, where one client's
   ``rate_limit`` and the synthesis concurrency bound them for the whole run.
@@ -376,13 +375,13 @@ class SandboxActor:
         return lease
 
 
-def _shut(server: socket.socket) -> None:
-    """Stop listening (shutdown wakes the thread blocked in accept; close alone would not)."""
+def _shut(sock: socket.socket) -> None:
+    """Close a socket, waking the thread blocked in its accept or recv (close alone would not)."""
     try:
-        server.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
-    server.close()
+    sock.close()
 
 
 def _process_name(pid: int) -> str:
@@ -480,7 +479,6 @@ class RemoteActor:
         """Open the direct channel to the actor (``SandboxActor.serve``), when the pool wants
         one; one that cannot be opened (a port the network between the nodes blocks) leaves the
         calls on Ray, slower and as right."""
-        self.close_wire()
         if not self.pool.direct:
             return
         try:
@@ -501,10 +499,7 @@ class RemoteActor:
     def close_wire(self) -> None:
         wire, self.wire = self.wire, None
         if wire is not None:
-            try:
-                wire.close()
-            except OSError:
-                pass
+            _shut(wire)  # wakes a dispatcher blocked reading it
 
     def _took(self, answers: list[list[tuple]]) -> None:
         """Each slot's answer to "ready" (its first call in a batch): its meta and node."""
@@ -588,8 +583,9 @@ class RemoteActor:
             try:
                 if attempt:
                     self._replace()
-                if self.wire is not None:
-                    return self._over_wire(batch)
+                wire = self.wire  # (kill may close it under us: the read below then fails)
+                if wire is not None:
+                    return self._over_wire(wire, batch)
                 return self._get(self.actor.run.remote(batch))
             except _ActorDied as e:
                 if attempt == ACTOR_REPLACEMENTS or self.pool.closed:
@@ -598,14 +594,11 @@ class RemoteActor:
                                        f"node lost?): {e}") from None
         raise AssertionError("unreachable")
 
-    def _over_wire(self, batch: list) -> list[list[tuple]]:
-        """``run(batch)`` over the direct channel. A channel that breaks or stays silent for
-        ``WIRE_TIMEOUT_S`` is the actor's death (a node lost closes its connections): the actor
-        is replaced like one whose Ray call failed."""
-        wire = self.wire
+    def _over_wire(self, wire: socket.socket, batch: list) -> list[list[tuple]]:
+        """``run(batch)`` over the direct channel ``wire``. A channel that breaks or stays silent
+        for ``WIRE_TIMEOUT_S`` is the actor's death (a node lost closes its connections): the
+        actor is replaced like one whose Ray call failed."""
         try:
-            if wire is None:  # closed under us (the pool closing)
-                raise ConnectionError("closed")
             wire.sendall(_frame(batch))
             answers = _unframe(wire)
         except (OSError, ValueError) as e:

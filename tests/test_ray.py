@@ -80,11 +80,9 @@ def envs(tmp_path, n: int) -> list[str]:
     return out
 
 
-#: what two audits of one env measure differently even on one machine: times, memory, and the
-#: number of env calls (hypothesis's state machines vary it)
-# what depends on the machine's speed and load: the many-resets probe runs for at most resets_s,
-# so how many resets it got through is measured too (CI's busy machine did 7,849 on one node and
-# 8,231 on the other for the same drawn count)
+#: what two audits of one env measure differently even on one machine: times, memory, the
+#: number of env calls (hypothesis's state machines vary it), and how many resets the many-resets
+#: probe got through in its resets_s (CI's busy machine: 7,849 on one node, 8,231 on the other)
 MEASURED = ("resets", "reset_ms", "reset_growth_mb", "reset_growth_kib", "calls", "call_ms")
 
 
