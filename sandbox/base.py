@@ -556,6 +556,7 @@ def diagnose(probe: bool = True) -> list[dict]:
                 row["containment"] = {"facts": facts, "words": words}
             except Exception as e:  # never raise: say what went wrong
                 row["containment"] = {"facts": None, "words": f"the probe failed: {e}"}
+                row["ok"] = False  # it said it would work, and no sandbox started
     return rows
 
 

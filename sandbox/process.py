@@ -436,12 +436,32 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
 
 
 @functools.cache
-def seccomp_probe() -> tuple[bool, str]:
+def runner_imports(module: str) -> str | None:
+    """None when the runner's interpreter, started as the runner is (``-s``, the sandbox's bare
+    environment: no PYTHONPATH, no user site), imports ``module``; else why not. What this
+    process imports says nothing: a module on its PYTHONPATH is not on the runner's."""
     try:
-        import pyseccomp  # noqa: F401  (loads libseccomp)
-    except Exception as e:  # ImportError, or RuntimeError when libseccomp is missing
-        return False, (f"no seccomp ({e}: pip install pyseccomp, apt-get install libseccomp2; "
-                       "without it, unshare and none do not stop file writes)")
+        done = subprocess.run([sys.executable, "-s", "-B", "-c", f"import {module}"], cwd="/",
+                              env=_env(0), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+@functools.cache
+def seccomp_probe() -> tuple[bool, str]:
+    """(True, what) when the runner can install its seccomp filter: pyseccomp and libseccomp
+    importable by the runner's interpreter; else (False, why and the fix)."""
+    why = runner_imports("pyseccomp")  # importing it loads libseccomp
+    if why is not None:
+        return False, (f"no seccomp (the sandbox's interpreter {sys.executable} cannot import "
+                       f"pyseccomp: {why}; pip install pyseccomp into that interpreter's own "
+                       "site-packages, not a PYTHONPATH or user folder, and apt-get install "
+                       "libseccomp2; without it, unshare and none do not stop file writes)")
     return True, "seccomp (no sockets, processes, exec, file writes, signals to others)"
 
 

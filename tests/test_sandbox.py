@@ -567,6 +567,37 @@ def test_doctor_names_the_channel_and_does_not_count_it_as_a_backend(monkeypatch
     assert CliRunner().invoke(main, ["sandbox", "doctor", "--json"]).exit_code == 1
 
 
+def test_the_runner_probe_ignores_what_only_this_process_sees(tmp_path, monkeypatch):
+    """A module on this process's PYTHONPATH (pip install --target, say) is not on the runner's,
+    which starts bare: the seccomp probe must ask the runner's interpreter, not this one (on a
+    GPU machine, pyseccomp on PYTHONPATH passed the probe and every sandbox then failed to start)."""
+    import importlib
+    from sandbox.process import runner_imports
+    (tmp_path / "only_on_my_path.py").write_text("X = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.import_module("only_on_my_path").X == 1
+    assert "No module named 'only_on_my_path'" in runner_imports("only_on_my_path")
+    assert runner_imports("json") is None
+
+
+def test_doctor_says_no_for_a_backend_whose_sandbox_did_not_start(monkeypatch):
+    import json
+    from click.testing import CliRunner
+    from envforge.cli import main
+
+    def broken(backend):
+        raise RuntimeError("the runner exited (exit status 3)")
+    monkeypatch.setattr("sandbox.base.containment", broken)
+    result = CliRunner().invoke(main, ["sandbox", "doctor", "--json"])
+    rows = json.loads(result.output)["backends"]
+    probed = [r for r in rows if "containment" in r]
+    assert probed, "no backend works here, so none was probed"
+    for r in probed:
+        assert r["ok"] is False and "the probe failed: the runner exited" in r["containment"]["words"]
+    assert result.exit_code == 1
+
+
 def test_the_shared_memory_cannot_change_size():
     """The runner could otherwise shrink it under this process's mapping (a SIGBUS here)."""
     import fcntl
