@@ -1,12 +1,13 @@
 """Ray benchmark: audits per minute with 1 and 2 nodes, and env steps per second through Ray
 sandbox actors against the local warm pool.
 
-    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--steps 300] [--pool 4 16] [--pin]
+    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--repeat 3] [--steps 300] [--pool 4 16] [--pin]
                                    [--out benchmarks/results/ray.json]
 
 A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU, then a second
 node with one CPU joining it. Audits: ``--audits`` copies of the example env, each a Ray task of
-one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end. Env steps: one lease
+one CPU (``envforge.executor.RayExecutor.audit_all``), timed end to end ``--repeat`` times per
+node count (the median counts), with each core's busy share during each run. Env steps: one lease
 stepping alone (the per-step cost: a round trip to a sandbox), and all the leases of a pool of
 each ``--pool`` size stepping from as many threads, then together in one ``call_all`` per
 step (a rollout's lane: ``envforge.gym.step_all``), for ``sandbox.pool.SandboxPool`` and ``RayPool``
@@ -73,16 +74,30 @@ class Env:
 ACTION = {"role": "assistant", "content": "ok"}
 
 
-def audits_per_minute(executor: RayExecutor, paths: list[str], seeds: int) -> dict:
-    t0 = time.perf_counter()
-    reports = executor.audit_all(paths, settings=GateSettings(seeds=seeds, probe_seed=1),
-                                 write_report=False)
-    s = time.perf_counter() - t0
-    assert all(r.accepted for r in reports), [r.verdict for r in reports]
+def _busy() -> list[float]:
+    """Each core's busy seconds so far (user, system, nice, interrupts)."""
+    import psutil
+    return [t.user + t.system + t.nice + t.irq + t.softirq for t in psutil.cpu_times(percpu=True)]
+
+
+def audits_per_minute(executor: RayExecutor, paths: list[str], seeds: int, repeat: int = 1) -> dict:
+    """``repeat`` timed runs of the same audits; audits/min from the median run's time, with
+    every run's seconds, the audits each node ran, and each core's busy share during the runs."""
     from collections import Counter
-    split = Counter(executor.where[p] for p in paths)
-    return {"audits": len(paths), "seconds": round(s, 2), "per_min": round(len(paths) / s * 60, 2),
-            "nodes_used": len(split), "split": sorted(split.values(), reverse=True)}
+    runs, splits, busy = [], [], []
+    for _ in range(repeat):
+        b0, t0 = _busy(), time.perf_counter()
+        reports = executor.audit_all(paths, settings=GateSettings(seeds=seeds, probe_seed=1),
+                                     write_report=False)
+        s = time.perf_counter() - t0
+        busy.append([round((b - a) / s, 2) for a, b in zip(b0, _busy())])
+        assert all(r.accepted for r in reports), [r.verdict for r in reports]
+        runs.append(round(s, 2))
+        splits.append(sorted(Counter(executor.where[p] for p in paths).values(), reverse=True))
+    s = statistics.median(runs)
+    return {"audits": len(paths), "seconds": s, "per_min": round(len(paths) / s * 60, 2),
+            "runs": runs, "nodes_used": max(len(x) for x in splits), "split": splits[runs.index(min(
+                runs, key=lambda r: abs(r - s)))], "splits": splits, "core_busy": busy}
 
 
 def grown(cluster):
@@ -94,7 +109,7 @@ def grown(cluster):
         yield nodes
 
 
-def pinned_audits(env: dict, paths: list[str], seeds: int) -> dict:
+def pinned_audits(env: dict, paths: list[str], seeds: int, repeat: int) -> dict:
     """Audits/min with 1 node, then 2, on a cluster of its own whose nodes are pinned to one core
     each (``Cluster(pin=True)``): each node has one core, as a one-core machine would. ``env``:
     the token this process already joined a cluster with (ray reads it once)."""
@@ -104,7 +119,8 @@ def pinned_audits(env: dict, paths: list[str], seeds: int) -> dict:
     try:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         executor = RayExecutor()
-        return {f"{nodes} node(s)": audits_per_minute(executor, paths, seeds) for nodes in grown(cluster)}
+        return {f"{nodes} node(s)": audits_per_minute(executor, paths, seeds, repeat)
+                for nodes in grown(cluster)}
     finally:
         ray.shutdown()
         cluster.stop()
@@ -168,6 +184,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--audits", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3, help="timed audit runs per node count (the "
+                    "median counts: one run's noise here is as large as the goal's margin)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--pool", type=int, nargs="+", default=[4, 16], help="pool sizes")
     ap.add_argument("--backend", default="process")
@@ -207,7 +225,8 @@ def main() -> None:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         executor = RayExecutor()
         for nodes in grown(cluster):
-            results["audits"][f"{nodes} node(s)"] = audits_per_minute(executor, paths, args.seeds)
+            results["audits"][f"{nodes} node(s)"] = audits_per_minute(executor, paths, args.seeds,
+                                                                       args.repeat)
             for size, direct in ((size, direct) for size in args.pool for direct in (True, False)):
                 key = f"Ray actors{'' if direct else ' (Ray calls)'}, {nodes} node(s), {size}"
                 pool = RayPool(ECHO_ENV, size=size, backend=args.backend, limits=limits, direct=direct)
@@ -221,7 +240,7 @@ def main() -> None:
             sys.modules["ray"].shutdown()
         cluster.stop()
         if args.pin:  # a cluster of its own, after the other one has stopped
-            results["audits_pinned"] = pinned_audits(shared, paths, args.seeds)
+            results["audits_pinned"] = pinned_audits(shared, paths, args.seeds, args.repeat)
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
@@ -249,11 +268,13 @@ def main() -> None:
     for key, how in (("", ""), ("_pinned", ", nodes pinned to one core each")):
         if "audits" + key not in results:
             continue
-        print(f"| audits ({args.audits} x example env, {args.seeds} seeds{how}) | seconds | audits/min "
-              "| audits per node |")
-        print("|---|---|---|---|")
+        print(f"| audits ({args.audits} x example env, {args.seeds} seeds{how}) | seconds (median) "
+              "| audits/min | every run's seconds | audits per node | cores busy |")
+        print("|---|---|---|---|---|---|")
         for k, v in results["audits" + key].items():
-            print(f"| {k} | {v['seconds']} | {v['per_min']} | {'/'.join(map(str, v['split']))} |")
+            print(f"| {k} | {v['seconds']} | {v['per_min']} | {', '.join(map(str, v['runs']))} | "
+                  f"{'/'.join(map(str, v['split']))} | "
+                  f"{', '.join('/'.join(f'{c:.0%}' for c in b) for b in v['core_busy'])} |")
         print(f"\n2 nodes vs 1{how}: {results['audit_speedup_2_vs_1' + key]}x (goal >= 1.8x)\n")
     print(f"| env steps ({args.steps} per lease), pool size | ms per step, one lease | steps/s, "
           "a thread per lease | vs local pool | steps/s, a lane in one call_all | vs local pool |")

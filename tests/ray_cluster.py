@@ -32,28 +32,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ports() -> list[str]:
+def _ports(taken: list[int]) -> tuple[list[str], list[int]]:
+    """A node's own ports and a range of 41 for its workers, none of them in ``taken`` (the
+    ports its command line names, the head's GCS port among them, and every port of the nodes
+    started before it): its arguments, and every port they hold."""
     flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
              "--runtime-env-agent-port")
-    ports = [free_port() for _ in flags]
+    ports: list[int] = []
+    for _ in flags:
+        port = free_port()
+        while port in taken or port in ports:
+            port = free_port()
+        ports.append(port)
     low = free_port()
-    while any(low <= p <= low + 40 for p in ports):  # Ray refuses a port in the workers' range
+    while any(low <= p <= low + 40 for p in ports + taken):  # Ray refuses a port in the workers' range
         low = free_port()
-    out = [x for flag, port in zip(flags, ports) for x in (flag, str(port))]
-    return out + ["--min-worker-port", str(low), "--max-worker-port", str(low + 40)]
+    args = [x for flag, port in zip(flags, ports) for x in (flag, str(port))]
+    return args + ["--min-worker-port", str(low), "--max-worker-port", str(low + 40)], \
+        ports + list(range(low, low + 41))
+
+
+def _named_ports(args: list[str]) -> list[int]:
+    """The ports a node's arguments name: the value after each ``--...port`` flag, and the port
+    of ``--address HOST:PORT``."""
+    return [int(value.rpartition(":")[2]) for flag, value in zip(args, args[1:])
+            if flag.endswith("-port") or flag == "--port" or flag == "--address"]
 
 
 class Node:
-    def __init__(self, args: list[str], label: str, shared: dict, cpu: int | None = None):
+    def __init__(self, args: list[str], label: str, shared: dict, cpu: int | None = None,
+                 taken: list[int] = ()):
         self.dir = Path(tempfile.mkdtemp(prefix=f"ef-ray-{label}-", dir="/tmp"))  # short: sockets
         env = {**os.environ, **shared,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         self.log = open(self.dir / "node.log", "wb")
         pin = ["taskset", "-c", str(cpu)] if cpu is not None else []  # the node and all it starts
+        self.ports = _named_ports(args)
+        own, ports = _ports(self.ports + list(taken))
+        self.ports += ports
         self.proc = subprocess.Popen([*pin, RAY, "start", "--block", "--num-cpus", "1",
                                       "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.dir),
-                                      "--disable-usage-stats", *_ports(), *args],
+                                      "--disable-usage-stats", *own, *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=REPO)
         self.cpu = cpu
@@ -123,7 +143,8 @@ class Cluster:
         self._wait(1)
 
     def add_worker(self) -> Node:
-        node = Node(["--address", self.address], "worker", self.env, self._cpu(1 + len(self.workers)))
+        taken = [p for n in [self.head, *self.workers] for p in n.ports]
+        node = Node(["--address", self.address], "worker", self.env, self._cpu(1 + len(self.workers)), taken)
         self.workers.append(node)
         self._wait(1 + sum(w.proc.poll() is None for w in self.workers))
         return node
