@@ -193,6 +193,8 @@ def main() -> None:
                     "pinned to one core each (needs 2 cores)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ray.json"))
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         ap.error("--pin needs 2 cores: one for each node")
 

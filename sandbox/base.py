@@ -542,7 +542,10 @@ def diagnose(probe: bool = True) -> list[dict]:
         backend = ProcessBackend(isolation=layer)
         ok, why = backend.available()
         rows.append({"backend": f"process/{layer}", "ok": ok, "detail": why, "run": backend})
-    sec_ok, sec_why = seccomp_probe()
+    try:
+        sec_ok, sec_why = seccomp_probe()
+    except Exception as e:  # the probe could not run (a timeout, no memory): no answer is a no here
+        sec_ok, sec_why = False, f"could not be probed: {e}"
     rows.append({"backend": "process/seccomp", "ok": sec_ok, "detail": sec_why})
     rows.append({"backend": "process/channel", "ok": True, "detail": shared_memory_works()[1]})
     backend = DockerBackend()

@@ -83,6 +83,8 @@ CAPABILITY_VERSION_3 = 0x20080522
 MIB = 1 << 20
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROBE_TIMEOUT_S = 5.0
+#: how long the runner's interpreter may take to import pyseccomp when asked (once per process)
+IMPORT_PROBE_S = 30.0
 ENV_BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 HOW_TO = "install bubblewrap (apt-get install bubblewrap) and pyseccomp (pip install pyseccomp)"
 
@@ -435,17 +437,15 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
     return None, f"unshare does not work here: {first_why}"
 
 
-@functools.cache
 def runner_imports(module: str) -> str | None:
     """None when the runner's interpreter, started as the runner is (``-s``, the sandbox's bare
     environment: no PYTHONPATH, no user site), imports ``module``; else why not. What this
-    process imports says nothing: a module on its PYTHONPATH is not on the runner's."""
-    try:
-        done = subprocess.run([sys.executable, "-s", "-B", "-c", f"import {module}"], cwd="/",
-                              env=_env(0), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as e:
-        return str(e)
+    process imports says nothing: a module on its PYTHONPATH is not on the runner's. Raises
+    ``OSError`` or ``subprocess.SubprocessError`` when the interpreter could not be run or did
+    not finish in ``IMPORT_PROBE_S``: that is no answer (a busy machine must not read as "no")."""
+    done = subprocess.run([sys.executable, "-s", "-B", "-c", f"import {module}"], cwd="/",
+                          env=_env(0), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=IMPORT_PROBE_S)
     if done.returncode == 0:
         return None
     lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -455,7 +455,9 @@ def runner_imports(module: str) -> str | None:
 @functools.cache
 def seccomp_probe() -> tuple[bool, str]:
     """(True, what) when the runner can install its seccomp filter: pyseccomp and libseccomp
-    importable by the runner's interpreter; else (False, why and the fix)."""
+    importable by the runner's interpreter; else (False, why and the fix). Kept for the
+    process's life once answered; a probe that could not run raises (not kept), so that
+    ``available`` says the sandbox could not be probed rather than start one without seccomp."""
     why = runner_imports("pyseccomp")  # importing it loads libseccomp
     if why is not None:
         return False, (f"no seccomp (the sandbox's interpreter {sys.executable} cannot import "

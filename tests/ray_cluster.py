@@ -57,7 +57,7 @@ def _named_ports(args: list[str]) -> list[int]:
     """The ports a node's arguments name: the value after each ``--...port`` flag, and the port
     of ``--address HOST:PORT``."""
     return [int(value.rpartition(":")[2]) for flag, value in zip(args, args[1:])
-            if flag.endswith("-port") or flag == "--port" or flag == "--address"]
+            if flag.endswith("-port") or flag == "--address"]
 
 
 class Node:
