@@ -437,6 +437,17 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
     return None, f"unshare does not work here: {first_why}"
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A RuntimeWarning, once per process and message (every sandbox start would repeat it)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def runner_imports(module: str) -> str | None:
     """None when the runner's interpreter, started as the runner is (``-s``, the sandbox's bare
     environment: no PYTHONPATH, no user site), imports ``module``; else why not. What this
@@ -568,7 +579,11 @@ class ProcessBackend(Backend):
         if not ok:
             raise SandboxUnavailable(why)
         check_hash_seed(hash_seed)
-        layer, prefix, _, sec_on, _ = self._plan()
+        layer, prefix, _, sec_on, sec_what = self._plan()
+        if layer == "unshare" and not sec_on:
+            _warn_once(f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
+                       f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "
+                       "bubblewrap, whose root is read-only")
         argv = prefix + [sys.executable, "-s", "-B", RUNNER, "--cpu", cpu_per_call(limits)] + (
             ["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()

@@ -604,6 +604,26 @@ def test_a_seccomp_probe_that_cannot_run_is_no_answer_and_starts_nothing(monkeyp
         process.seccomp_probe.cache_clear()
 
 
+def test_unshare_without_seccomp_warns_once_per_process(monkeypatch):
+    """unshare leaves the host's files visible: without seccomp, env code can write the
+    world-writable ones. A start in that state says so, loudly and once."""
+    from sandbox import process
+    monkeypatch.setattr(process, "_WARNED", set())
+    backend = ProcessBackend(isolation="unshare")
+    if _probe("unshare")[0] is not None:
+        monkeypatch.setattr(process, "seccomp_probe", lambda: (False, "no seccomp (a test)"))
+    else:  # as root with an interpreter uid 65534 cannot read (this machine's venv): the plan
+        # of an unshare sandbox without seccomp, its runner started with no prefix (stand-in)
+        monkeypatch.setattr(ProcessBackend, "_plan", lambda self: (
+            "unshare", [], "unshare (a stand-in)", False, "no seccomp (a test)"))
+    with pytest.warns(RuntimeWarning, match="WITHOUT seccomp.*no seccomp \\(a test\\)"):
+        backend.start(Limits()).close()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend.start(Limits()).close()  # the second start is silent
+
+
 def test_doctor_says_no_for_a_backend_whose_sandbox_did_not_start(monkeypatch):
     import json
     from click.testing import CliRunner
