@@ -21,10 +21,15 @@ class GateSettings(Settings):
                                      low=0, high=1)
     partial_credit_values: int = setting(3, "Distinct episode scores the probes must reach.", low=1)
     training_hash_seed: int = setting(0, "PYTHONHASHSEED that envforge.make and training use: "
-                                      "the first sandbox runs under it, the second under one drawn "
+                                      "the first sandbox runs under it, the others under ones drawn "
                                       "per audit.", low=0, high=4294967295)
-    probe_seed: int | None = setting(None, "Seed of every probe draw (seeds, free texts, the second "
-                                     "hash seed, hypothesis); None draws one per audit. report.json "
+    hash_processes: int = setting(4, "Fresh sandbox processes, each under its own drawn "
+                                  "PYTHONHASHSEED, that the determinism replays are split over (a "
+                                  "set of n strings keeps its order under another hash seed about "
+                                  "once in n! draws: for two, one process misses it half the time, "
+                                  "four one time in 16).", low=1, high=32)
+    probe_seed: int | None = setting(None, "Seed of every probe draw (seeds, free texts, the other "
+                                     "hash seeds, hypothesis); None draws one per audit. report.json "
                                      "records it (stats.probe_seed): pass it back to replay an audit.",
                                      low=0, high=2**63 - 1)
     resets: int = setting(2000, "Resets of one instance in the many-resets probe (drift, slowdown, "

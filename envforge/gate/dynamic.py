@@ -15,8 +15,8 @@ hypothesis's own draws), recorded in the report and replayable with ``--probe-se
   episodes played to max_turns, and whether its arguments were ever shown to the agent;
 - thousands of resets of one instance in one runner request: drift, slowdown, memory growth;
 - determinism: the reference and random episodes replayed in the same instance, in a second
-  instance, and in a second sandbox process with another PYTHONHASHSEED (the first runs under
-  the one training uses);
+  instance, and dealt out over ``hash_processes`` fresh sandbox processes, each with another
+  PYTHONHASHSEED (the first runs under the one training uses);
 - isolation: an episode interleaved step by step with another instance's episode must not change.
 
 Every call has a time limit and the sandbox a memory limit: a hang, a crash or a blow-up becomes
@@ -66,6 +66,15 @@ class Draws:
                 seeds.append(x)
         self.seeds = seeds
         self.hash_seed = rng.randrange(1, 2**32)
+        # the other processes' hash seeds come from a stream of their own, so that every other
+        # draw (texts, hypothesis) stays what it was with one process
+        more, taken = random.Random(f"hash seeds {probe_seed}"), {self.hash_seed, settings.training_hash_seed}
+        self.hash_seeds = [self.hash_seed]
+        while len(self.hash_seeds) < settings.hash_processes:
+            x = more.randrange(1, 2**32)
+            if x not in taken:
+                taken.add(x)
+                self.hash_seeds.append(x)
         self.texts = [self.text(rng, rng.choice((8, 30, 120, 400, 1500, settings.long_text_chars)))
                       for _ in range(16)]
         self.texts.append(self.text(rng, settings.long_text_chars))
@@ -400,11 +409,11 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
     draws = Draws(probe_seed, settings)
     probes.extend_texts(draws, source, settings.long_text_chars)
     stats: dict[str, Any] = {"probe_seed": probe_seed,
-                             "hash_seeds": [settings.training_hash_seed, draws.hash_seed]}
+                             "hash_seeds": [settings.training_hash_seed, *draws.hash_seeds]}
     say = progress or (lambda s: None)
     deadline, timings = time.monotonic() + settings.budget_s, []
     host = Host(backend, source, settings, settings.training_hash_seed, findings, deadline, timings)
-    other = Host(backend, source, settings, draws.hash_seed, findings, deadline, timings)
+    others = [Host(backend, source, settings, seed, findings, deadline, timings) for seed in draws.hash_seeds]
     try:
         try:
             meta = host.start()
@@ -422,7 +431,7 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
                          f"{meta.get('max_turns')!r}")
         tools = [t for t in meta.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
                  and isinstance(t["function"].get("name"), str)]
-        _probes(host, other, tools, settings, findings, stats, say, draws)
+        _probes(host, others, tools, settings, findings, stats, say, draws)
     except GiveUp as e:
         findings.add("bounded", str(e))
     except Exception as e:  # no crash, ever: whatever broke, the audit ends with a verdict
@@ -431,7 +440,8 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
                      "so it is rejected")
     finally:
         host.close()
-        other.close()
+        for other in others:
+            other.close()
         if timings:
             ordered = sorted(timings)
             stats["calls"] = len(ordered)
@@ -440,7 +450,7 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
     return findings.result(), stats
 
 
-def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findings: Findings,
+def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings, findings: Findings,
             stats: dict, say: Callable[[str], None], draws: Draws) -> None:
     seeds = draws.seeds
     by_name = {t["function"]["name"]: t for t in tools}
@@ -549,15 +559,21 @@ def _probes(host: Host, other: Host, tools: list, settings: GateSettings, findin
         return
 
     say("determinism across processes")
-    try:
-        other.start()
-    except (SandboxError, EnvCallError) as e:
-        findings.add("bounded", f"second sandbox process: {e}")
-        return
-    how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={other.hash_seed} "
-           f"(first: {host.hash_seed})")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
-    all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in replays)
+    for k, other in enumerate(others):  # the replays dealt out over processes of other hash seeds
+        mine = replays[k::len(others)]
+        if not mine:
+            return
+        try:
+            other.start()
+        except (SandboxError, EnvCallError) as e:
+            findings.add("bounded", f"sandbox process {k + 2}: {e}")
+            return
+        how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={other.hash_seed} "
+               f"(first: {host.hash_seed})")
+        if not all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in mine):
+            return
+        other.close()  # one at a time: the next starts once this one is gone
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
