@@ -441,11 +441,12 @@ _WARNED: set[str] = set()
 
 
 def _warn_once(message: str) -> None:
-    """A RuntimeWarning, once per process and message (every sandbox start would repeat it)."""
+    """``message`` on stderr, once per process (every sandbox start would repeat it): written
+    there, not a ``warnings.warn``, which a caller's or another thread's filter could swallow."""
     if message not in _WARNED:
         _WARNED.add(message)
-        import warnings
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        sys.stderr.write(f"envforge: warning: {message}\n")
+        sys.stderr.flush()
 
 
 def runner_imports(module: str) -> str | None:

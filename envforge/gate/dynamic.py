@@ -2,7 +2,7 @@
 
 Every property of ENV_CONTRACT.md's table that needs the code to run is checked here. Env code
 may have read this file, so every probe is drawn per audit from one probe seed (``Draws``:
-seeds from a large range, free texts up to several KB, the second sandbox's PYTHONHASHSEED,
+seeds from a large range, free texts up to several KB, the other sandboxes' PYTHONHASHSEEDs,
 hypothesis's own draws), recorded in the report and replayable with ``--probe-seed``:
 
 - probes over ``settings.seeds`` drawn seeds: the reference ``solve``, a perturbed reference (one
@@ -409,7 +409,7 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
     draws = Draws(probe_seed, settings)
     probes.extend_texts(draws, source, settings.long_text_chars)
     stats: dict[str, Any] = {"probe_seed": probe_seed,
-                             "hash_seeds": [settings.training_hash_seed, *draws.hash_seeds]}
+                             "hash_seeds": [settings.training_hash_seed]}  # each process's, as it starts
     say = progress or (lambda s: None)
     deadline, timings = time.monotonic() + settings.budget_s, []
     host = Host(backend, source, settings, settings.training_hash_seed, findings, deadline, timings)
@@ -543,8 +543,8 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
             break
 
     say("determinism and isolation")
-    replays = reference + [e for e in rand if e.ok][: settings.replay_random]
-    replays += probes.malformed_episodes(host, tools, draws)
+    malformed = probes.malformed_episodes(host, tools, draws)
+    replays = reference + [e for e in rand if e.ok][: settings.replay_random] + malformed
     # Each comparison only means something when the simpler ones held: stop at the first failure.
     comparisons = [
         ("determinism", "the same seed and actions replayed in the same instance", lambda e: host.replay("a", e, "replay"), ""),
@@ -560,15 +560,24 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
 
     say("determinism across processes")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
-    for k, other in enumerate(others):  # the replays dealt out over processes of other hash seeds
-        mine = replays[k::len(others)]
+    # every process replays the malformed scripts (error texts, such as a list of tool names
+    # made from a set, are where the hash seed shows) and the first reference episode; the
+    # others are dealt out among them
+    everywhere = reference[:1] + malformed
+    dealt = [e for e in replays if not any(e is x for x in everywhere)]
+    for k, other in enumerate(others):
+        mine = everywhere + dealt[k::len(others)]
         if not mine:
             return
+        if time.monotonic() > host.deadline:
+            raise GiveUp(f"the dynamic checks ran out of their {settings.budget_s:g} s budget before "
+                         f"sandbox process {k + 2} of {len(others) + 1}; the remaining checks were skipped")
         try:
             other.start()
         except (SandboxError, EnvCallError) as e:
             findings.add("bounded", f"sandbox process {k + 2}: {e}")
             return
+        stats["hash_seeds"].append(other.hash_seed)
         how = (f"the same seed and actions in a fresh process with PYTHONHASHSEED={other.hash_seed} "
                f"(first: {host.hash_seed})")
         if not all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in mine):

@@ -9,7 +9,7 @@ team found in the gate (tests/redteam_unseen, issue 15), closed in general, not 
 - many instances in one process (a drawn number) before the isolation probe;
 - the reference's own arguments in case and whitespace variants, nested deeply, and each tool's
   arguments at extreme values (a hang or a blow-up only a valid id reaches);
-- malformed actions and chatter, replayed in the second process like the reference;
+- malformed actions and chatter, replayed in every other process like the reference;
 - the reference and perturbed episodes replayed after the many-resets probe (drift in step
   rewards, not only in reset);
 - reads that decide: the reference's checks (reads that find no id a later call sends) removed,
@@ -216,7 +216,7 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
 
 def malformed_episodes(host, tools: list, draws) -> list:
     """A drawn script of malformed actions and chatter on a few seeds (unknown tools, arguments
-    that are not JSON, missing arguments): replayed in the second process like the reference,
+    that are not JSON, missing arguments): replayed in every other process like the reference,
     since their answers (e.g. a list of the tools) may depend on the process's hash seed."""
     rng = random.Random(draws.rng.randrange(2**63))
     names = [t["function"]["name"] for t in tools] or ["x"]
