@@ -24,10 +24,11 @@ class GateSettings(Settings):
                                       "the first sandbox runs under it, the others under ones drawn "
                                       "per audit.", low=0, high=4294967295)
     hash_processes: int = setting(4, "Fresh sandbox processes, each under its own drawn "
-                                  "PYTHONHASHSEED, that the determinism replays are split over (a "
-                                  "set of n strings keeps its order under another hash seed about "
-                                  "once in n! draws: for two, one process misses it half the time, "
-                                  "four one time in 16).", low=1, high=32)
+                                  "PYTHONHASHSEED: each replays the first reference episode and the "
+                                  "malformed scripts, the other determinism replays are dealt out "
+                                  "among them (a set of n strings keeps its order under another hash "
+                                  "seed about once in n! draws: for two, one process misses it half "
+                                  "the time, four one time in 16).", low=1, high=32)
     probe_seed: int | None = setting(None, "Seed of every probe draw (seeds, free texts, the other "
                                      "hash seeds, hypothesis); None draws one per audit. report.json "
                                      "records it (stats.probe_seed): pass it back to replay an audit.",

@@ -544,7 +544,8 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
 
     say("determinism and isolation")
     malformed = probes.malformed_episodes(host, tools, draws)
-    replays = reference + [e for e in rand if e.ok][: settings.replay_random] + malformed
+    random_ok = [e for e in rand if e.ok][: settings.replay_random]
+    replays = reference + random_ok + malformed
     # Each comparison only means something when the simpler ones held: stop at the first failure.
     comparisons = [
         ("determinism", "the same seed and actions replayed in the same instance", lambda e: host.replay("a", e, "replay"), ""),
@@ -563,8 +564,7 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     # every process replays the malformed scripts (error texts, such as a list of tool names
     # made from a set, are where the hash seed shows) and the first reference episode; the
     # others are dealt out among them
-    everywhere = reference[:1] + malformed
-    dealt = [e for e in replays if not any(e is x for x in everywhere)]
+    everywhere, dealt = reference[:1] + malformed, reference[1:] + random_ok
     for k, other in enumerate(others):
         mine = everywhere + dealt[k::len(others)]
         if not mine:
