@@ -50,6 +50,7 @@ from envforge.gate import AuditJob, audit, check, read_env, save_report
 from envforge.gate.config import GateSettings
 from envforge.progress import Progress, Step
 from envforge.settings import Settings, setting
+from sandbox.base import warn_once
 from sandbox.pool import Lease, SandboxPool
 
 EXECUTORS = ("local", "ray")
@@ -353,7 +354,8 @@ class SandboxActor:
                     answers[i].append(("error", _failure(e)))
                     continue
                 if op == "ready":
-                    answers[i].append(("ok", {"meta": lease.meta, "node": node_id()}))
+                    answers[i].append(("ok", {"meta": lease.meta, "node": node_id(),
+                                              "warning": self.pool.backend.warning()}))
                 else:
                     sent.append((i, (lease, op, arg)))
             results = self.pool.call_all([call for _, call in sent])
@@ -502,12 +504,13 @@ class RemoteActor:
             _shut(wire)  # wakes a dispatcher blocked reading it
 
     def _took(self, answers: list[list[tuple]]) -> None:
-        """Each slot's answer to "ready" (its first call in a batch): its meta and node."""
+        """Each slot's answer to "ready" (its first call in a batch): its meta and node, and
+        what its backend warns of (said here: the actor's stderr goes to a worker's log)."""
         self._readiness = [results[0] for results in answers]
         for slot, (status, value) in enumerate(self._readiness):
             if status == "ok":
                 self.metas[slot], self.nodes[slot] = value["meta"], value["node"]
-                self.pool._placed(value["node"])
+                self.pool._placed(value["node"], value.get("warning"))
 
     def call(self, slot: int, op: str, arg: Any) -> Any:
         request = _Request(slot, op, arg)
@@ -700,7 +703,8 @@ class RayPool:
     ``sandbox.pool.SandboxPool`` (``acquire``, ``release``, ``wait_warm``, ``close``). The
     steps that several leases of one actor send at once travel as one actor call
     (``RemoteActor``). ``nodes`` counts the sandboxes' placements per node (replacements
-    included); ``started`` and ``replaced`` count actors; ``actor_calls`` the batches sent and
+    included); ``warnings`` holds, per node, what its backend warns of (a weak containment, said
+    once on this process's stderr: the actors' own stderr goes to the workers' logs); ``started`` and ``replaced`` count actors; ``actor_calls`` the batches sent and
     ``sandbox_calls`` the resets, steps and solves in them."""
 
     def __init__(self, source: str, size: int = 4, backend: str = "auto",
@@ -717,6 +721,7 @@ class RayPool:
         self.started = self.replaced = 0
         self.actor_calls = self.sandbox_calls = 0  # the calls sent, and the sandbox calls in them
         self.nodes: dict[str, int] = {}
+        self.warnings: dict[str, str] = {}  # per node, what its sandboxes' backend warns of
         self.closed = False
         self._lock = threading.Lock()
         self._actor = ray.remote(SandboxActor)
@@ -766,9 +771,13 @@ class RayPool:
         """How many of the actors take their steps over a direct channel."""
         return sum(a.wire is not None for a in self.actors)
 
-    def _placed(self, node: str) -> None:
+    def _placed(self, node: str, warning: str | None = None) -> None:
         with self._lock:
             self.nodes[node] = self.nodes.get(node, 0) + 1
+            if warning:
+                self.warnings[node] = warning
+        if warning:
+            warn_once(f"on Ray node {node[:12]}: {warning}")
 
     def acquire(self, timeout: float | None = None) -> Lease:
         """A warm sandbox; waits up to ``timeout`` seconds (None: for ever) for one to be free."""

@@ -30,6 +30,7 @@ import math
 import os
 import select
 import signal
+import sys
 import time
 from abc import ABC, abstractmethod
 from typing import Any, NoReturn, Sequence
@@ -417,6 +418,18 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
             sandbox.kill()
 
 
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``message`` on stderr, once per process (every sandbox start would repeat it): written
+    there, not a ``warnings.warn``, which a caller's or another thread's filter could swallow."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        sys.stderr.write(f"envforge: warning: {message}\n")
+        sys.stderr.flush()
+
+
 class Backend(ABC):
     """A way to start sandboxes: ``ProcessBackend`` (sandbox/process.py), ``DockerBackend``
     (sandbox/docker.py), and the unisolated ``UnsafeInProcessBackend`` below."""
@@ -426,6 +439,12 @@ class Backend(ABC):
     @abstractmethod
     def available(self) -> tuple[bool, str]:
         """(True, how it isolates) or (False, why not and how to fix it). Never raises."""
+
+    def warning(self) -> str | None:
+        """What a user must be told before env code runs in this backend's sandboxes (a
+        containment weaker than it should be), else None. ``start`` says it on stderr; a Ray
+        actor hands it back to the caller, who says it there (``envforge.executor.RayPool``)."""
+        return None
 
     @abstractmethod
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
@@ -579,6 +598,9 @@ class UnsafeInProcessBackend(Backend):
 
     def available(self) -> tuple[bool, str]:
         return True, "unsafe-inprocess: NO isolation (env code runs in this process)"
+
+    def warning(self) -> str:
+        return UNSAFE
 
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
         import warnings

@@ -70,7 +70,7 @@ from envforge.contract import Limits
 from envforge.errors import (SandboxCrashed, SandboxError, SandboxProtocolError, SandboxTimeout,
                              SandboxUnavailable, UsageError)
 from sandbox.base import (DRAIN_S, SPIN_S, Backend, LineBuffer, Sandbox, Transport, calls_in_flight,
-                          check_hash_seed, cpu_per_call, poll_spinning, signal_name, write_all)
+                          check_hash_seed, cpu_per_call, poll_spinning, signal_name, warn_once, write_all)
 from sandbox.runner import BELL, SHM_CAPACITY, SHM_HEADER, SHM_OVERSIZE, SHM_REGION
 
 RUNNER = str(Path(__file__).resolve().with_name("runner.py"))
@@ -437,18 +437,6 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
     return None, f"unshare does not work here: {first_why}"
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """``message`` on stderr, once per process (every sandbox start would repeat it): written
-    there, not a ``warnings.warn``, which a caller's or another thread's filter could swallow."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        sys.stderr.write(f"envforge: warning: {message}\n")
-        sys.stderr.flush()
-
-
 def runner_imports(module: str) -> str | None:
     """None when the runner's interpreter, started as the runner is (``-s``, the sandbox's bare
     environment: no PYTHONPATH, no user site), imports ``module``; else why not. What this
@@ -575,16 +563,27 @@ class ProcessBackend(Backend):
             return False, f"nothing would isolate env code here ({what}; {sec_what}); {HOW_TO}"
         return True, f"process sandbox: {what}, {sec_what}, rlimits, no_new_privs"
 
+    def warning(self) -> str | None:
+        """unshare leaves the host's files visible: without seccomp, env code can write the
+        world-writable ones. (None where no sandbox can start: ``start`` says why.)"""
+        if not self.available()[0]:
+            return None
+        layer, _, _, sec_on, sec_what = self._plan()
+        if layer == "unshare" and not sec_on:
+            return (f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
+                    f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "
+                    "bubblewrap, whose root is read-only")
+        return None
+
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
         ok, why = self.available()
         if not ok:
             raise SandboxUnavailable(why)
         check_hash_seed(hash_seed)
         layer, prefix, _, sec_on, sec_what = self._plan()
-        if layer == "unshare" and not sec_on:
-            _warn_once(f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
-                       f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "
-                       "bubblewrap, whose root is read-only")
+        weak = self.warning()
+        if weak:
+            warn_once(weak)
         argv = prefix + [sys.executable, "-s", "-B", RUNNER, "--cpu", cpu_per_call(limits)] + (
             ["--seccomp"] if sec_on else [])
         err = tempfile.TemporaryFile()

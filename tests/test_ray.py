@@ -286,6 +286,35 @@ def test_a_pool_whose_direct_channel_cannot_be_opened_steps_through_ray(cluster,
     assert "no direct channel to a sandbox actor (connection refused)" in capfd.readouterr().err
 
 
+def test_what_a_nodes_backend_warns_of_is_said_on_the_callers_stderr(cluster, monkeypatch, capfd):
+    """An actor's stderr goes to its worker's log (log_to_driver=False): what its sandboxes'
+    backend warns of (here the unisolated one's loud notice) comes back with "ready" and is said
+    by the caller, once per node."""
+    from envforge.contract import Limits
+    from envforge.executor import RayPool
+    from sandbox import base
+    from tests.test_pool import BY_ACTION
+    if len(cluster.alive()) < 2:
+        cluster.add_worker()
+    ray_executor()
+    monkeypatch.setattr(base, "_WARNED", set())
+    pool = RayPool(BY_ACTION, size=2, backend="unsafe-inprocess", limits=Limits(call_timeout_s=5.0))
+    try:
+        assert sorted(pool.warnings) == sorted(pool.nodes) and len(pool.nodes) == 2
+        assert all("NO isolation" in w or "INSIDE" in w for w in pool.warnings.values())
+    finally:
+        pool.close()
+    err = capfd.readouterr().err
+    for node in pool.nodes:
+        assert err.count(f"envforge: warning: on Ray node {node[:12]}: backend 'unsafe-inprocess'") == 1
+    pool = RayPool(BY_ACTION, size=2, backend="process", limits=Limits(call_timeout_s=5.0))
+    try:  # this machine's process sandbox (bwrap or seccomp) warns of nothing
+        if base.get_backend("process").warning() is None:
+            assert pool.warnings == {}
+    finally:
+        pool.close()
+
+
 def test_call_all_of_some_leases_does_not_wait_for_the_others(cluster, monkeypatch):
     """A batch waits up to GATHER_S for the calls of its actor's other leased sandboxes (threads
     stepping one lease each); a call_all holds all its caller's calls, so it goes at once."""

@@ -607,8 +607,8 @@ def test_a_seccomp_probe_that_cannot_run_is_no_answer_and_starts_nothing(monkeyp
 def test_unshare_without_seccomp_warns_once_per_process(monkeypatch, capfd):
     """unshare leaves the host's files visible: without seccomp, env code can write the
     world-writable ones. A start in that state says so, loudly and once."""
-    from sandbox import process
-    monkeypatch.setattr(process, "_WARNED", set())
+    from sandbox import base, process
+    monkeypatch.setattr(base, "_WARNED", set())
     backend = ProcessBackend(isolation="unshare")
     if _probe("unshare")[0] is not None:
         monkeypatch.setattr(process, "seccomp_probe", lambda: (False, "no seccomp (a test)"))
@@ -625,6 +625,9 @@ def test_unshare_without_seccomp_warns_once_per_process(monkeypatch, capfd):
     assert "no seccomp (a test)" in err
     backend.start(Limits()).close()
     assert "WITHOUT seccomp" not in capfd.readouterr().err  # the second start is silent
+    assert "WITHOUT seccomp" in backend.warning()  # what a Ray actor hands back to its caller
+    monkeypatch.setattr(ProcessBackend, "_plan", lambda self: ("bwrap", [], "bwrap", True, "seccomp"))
+    assert backend.warning() is None
 
 
 def test_doctor_says_no_for_a_backend_whose_sandbox_did_not_start(monkeypatch):
