@@ -12,8 +12,8 @@ from tests.trainers_fixtures import env_dir, hermes_dir, model_root  # noqa: F40
 import torch  # noqa: E402
 
 from envforge.errors import UsageError  # noqa: E402
-from trainers.grpo import (GRPOConfig, GRPOTrainer, batch_tensors, clipped_loss,  # noqa: E402
-                           group_advantages, is_constant)
+from trainers.grpo import (GRPOConfig, GRPOTrainer, add_adapter, batch_tensors, clipped_loss,  # noqa: E402
+                           group_advantages, is_constant, token_logprobs)
 from trainers.policy import load_policy  # noqa: E402
 from trainers.rollout import Episode, EnvFactory, run_episodes  # noqa: E402
 
@@ -40,6 +40,44 @@ def test_masks_and_padding_on_built_episodes():
     assert ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]]
     assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert loss_mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 0, 0]]
+
+
+def test_logprobs_at_the_scored_tokens_alone_equal_those_of_every_position(hermes_dir):
+    """token_logprobs with a mask computes the vocabulary's logits at the scored positions only
+    (transformers' logits_to_keep): the same values and gradients as from every position's, on
+    the base model and through a LoRA adapter; a model whose forward does not take the mask
+    gets every position's, sliced."""
+    from trainers import grpo
+    policy = load_policy(hermes_dir)
+    a = Episode(seed=0, tokens=[5, 6, 7, 8, 9, 10, 11], mask=[0, 0, 1, 1, 0, 1, 1])
+    b = Episode(seed=0, tokens=[5, 9, 7, 6], mask=[0, 1, 1, 0])
+    ids, attn, mask = batch_tensors([a, b], policy.pad_id)
+    m = mask[:, 1:]
+    peft = add_adapter(load_policy(hermes_dir).model, GRPOConfig(lora_rank=4))
+    with torch.no_grad():  # a trained adapter, not the zero one a fresh B starts as
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.1)
+
+    class Plain(torch.nn.Module):  # the forward of older or custom code: no logits_to_keep
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+    for model in (policy.model, peft, Plain(policy.model)):
+        full = token_logprobs(model, ids, attn)
+        (full * m).sum().backward()
+        want = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        model.zero_grad()
+        kept = token_logprobs(model, ids, attn, m)
+        (kept * m).sum().backward()
+        got = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        model.zero_grad()
+        assert torch.allclose(kept, full * m, atol=1e-5) and (kept[m == 0] == 0).all()
+        assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+    assert Plain in grpo._KEEPS_NO_MASK and type(policy.model) not in grpo._KEEPS_NO_MASK
 
 
 def test_clipped_loss_on_built_tensors():

@@ -75,10 +75,45 @@ def batch_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, t
     return ids, attn, loss_mask
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """log p(ids[:, t] | ids[:, :t]) for t >= 1: shape [B, T-1]."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+#: model classes whose forward did not take a boolean ``logits_to_keep`` (an older transformers,
+#: custom code): ``kept_logits`` gives them every position's logits
+_KEEPS_NO_MASK: set[type] = set()
+
+
+def kept_logits(model, ids: torch.Tensor, attn: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
+    """The logits at the positions where ``keep`` ([B, T], bool) is true, flattened to [N, vocab]
+    in row-major order (``logits[keep]``). The model computes its vocabulary's logits there alone
+    (transformers' ``logits_to_keep`` as a boolean mask): every position's ([B, T, vocab]) is
+    the largest tensor of a step with a big vocabulary (a 128k one: 4 GiB in float32 for 8
+    sequences of 1,024 tokens), and in an episode most tokens are the prompt, the env's or the
+    user's, none of them scored. A model whose forward does not take the mask computes them all."""
+    kind = type(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    if kind not in _KEEPS_NO_MASK:
+        try:
+            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
+        except (TypeError, IndexError, ValueError):  # no such argument, or not as a mask
+            logits = None
+        n = int(keep.sum())
+        if logits is not None and logits.dim() == 2 and logits.shape[0] == n:
+            return logits
+        _KEEPS_NO_MASK.add(kind)
+    return model(input_ids=ids, attention_mask=attn).logits[keep]
+
+
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1: shape [B, T-1]. With ``mask`` ([B, T-1]), only
+    where it is non-zero (0 elsewhere), the logits computed at those positions alone
+    (``kept_logits``)."""
+    if mask is None:
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    scored = mask != 0
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    keep[:, :-1] = scored
+    logits = kept_logits(model, ids, attn, keep).float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][scored][:, None]).squeeze(-1)
+    return torch.zeros(scored.shape, dtype=logp.dtype, device=logp.device).masked_scatter(scored, logp)
 
 
 def update_metrics(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -292,10 +327,10 @@ class GRPOTrainer:
                      "adv": torch.tensor(advantages[i:i + c.micro_batch_size], device=device)}
             with torch.no_grad():
                 if c.updates_per_iteration > 1:
-                    batch["old"] = token_logprobs(self.model, batch["ids"], batch["attn"])
+                    batch["old"] = token_logprobs(self.model, batch["ids"], batch["attn"], batch["mask"])
                 if c.kl_coef > 0:
                     with self.model.disable_adapter():
-                        batch["ref"] = token_logprobs(self.model, batch["ids"], batch["attn"])
+                        batch["ref"] = token_logprobs(self.model, batch["ids"], batch["attn"], batch["mask"])
             batches.append(batch)
         self.model.train()
         losses = []
@@ -304,7 +339,7 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             running = 0.0
             for b in batches:
-                logp = token_logprobs(self.model, b["ids"], b["attn"])
+                logp = token_logprobs(self.model, b["ids"], b["attn"], b["mask"])
                 old = b.get("old", logp.detach())
                 loss = clipped_loss(logp, old, b["adv"], b["mask"], c.epsilon_low, c.epsilon_high,
                                     b.get("ref"), c.kl_coef) / total_tokens
