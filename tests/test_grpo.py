@@ -265,45 +265,6 @@ def test_env_steps_overlap_generation(hermes_dir, env_dir, monkeypatch):
     assert overlaps, f"no env step ran during a generation: {spans}"
 
 
-def test_an_ended_episodes_place_in_its_lane_goes_to_the_next_seed(hermes_dir, monkeypatch, tmp_path):
-    """The lanes stay full while seeds wait: each generation before the last seed has started
-    holds as many episodes as its lane has sandboxes (in waves, a wave's last generations held
-    one or two); episodes come back in the order of their seeds; progress counts every pool's
-    worth and the last."""
-    from envforge.progress import Step
-
-    import trainers.rollout as rollout
-    policy = load_policy(hermes_dir)
-    started, batches, steps = [], [], []
-    reset, generate = rollout._reset, policy.generate
-
-    def counted_reset(ep, factory):
-        started.append(ep.seed)
-        reset(ep, factory)
-
-    def sized_generate(contexts, **k):
-        batches.append((len(contexts), len(started)))
-        return generate(contexts, **k)
-    monkeypatch.setattr(rollout, "_reset", counted_reset)
-    monkeypatch.setattr(policy, "generate", sized_generate)
-    from tests.envfactory import write_env
-    from tests.trainers_fixtures import BREVITY_ENV
-    uneven = BREVITY_ENV.replace("max_turns = 2", "max_turns = 3").replace(  # 1 to 3 turns
-        "self.turn = 0", "self.turn, self.turns = 0, 1 + seed % 3").replace(
-        "done = self.turn >= 2", "done = self.turn >= self.turns")
-    assert uneven.count("self.turns") == 2
-    seeds = list(range(11))
-    with EnvFactory(write_env(tmp_path / "uneven", uneven, target=None), size=4, backend="process") as factory:
-        torch.manual_seed(0)
-        episodes = run_episodes(policy, factory, seeds, max_new_tokens=4, progress=steps.append)
-    assert [ep.seed for ep in episodes] == seeds and sorted(started) == seeds
-    assert all(ep.error is None and ep.env is None for ep in episodes)
-    assert [ep.turns for ep in episodes] == [1 + s % 3 for s in seeds]
-    assert len({n for _, n in batches}) > 2  # new episodes started between generations
-    assert all(size == 2 for size, n in batches if n < len(seeds)), batches
-    assert [s.done for s in steps if isinstance(s, Step)] == [4, 8, 11]
-
-
 def test_a_checkpoint_stopped_between_its_two_renames_is_resumed(hermes_dir, env_dir, tmp_path):
     """save_checkpoint moves the last checkpoint aside, then the new one in: stopped in between,
     only checkpoint.old holds the run, and resuming must find it there."""

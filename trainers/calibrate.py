@@ -38,7 +38,7 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
               unsafe_skip_gate: bool = False, progress: Progress | None = None,
               executor=None) -> Calibration:
     """The base policy's rollouts on ``env`` against the targets. ``progress`` gets a counted
-    ``Step`` (``envforge.progress``) each time a pool's worth of episodes has ended; ``executor``
+    ``Step`` (``envforge.progress``) as each wave of episodes ends; ``executor``
     (``envforge.executor``) says where the sandboxes run (here by default, or as Ray actors):
     the answer is the same."""
     import torch

@@ -108,9 +108,9 @@ def evaluate(policy, tasks: list[dict], config: EvalConfig | None = None, *,
              unsafe_skip_gate: bool = False, progress: Progress | None = None,
              executor: Any = None, **settings: Any) -> Evaluation:
     """The policy's scores on ``tasks``; settings as ``config`` or as keyword arguments.
-    ``progress`` gets a counted ``Step`` (``envforge.progress``) of the tasks played so far
-    each time a pool's worth of episodes has ended; ``executor`` (``envforge.executor``): where
-    the sandboxes run (the scores are the same)."""
+    ``progress`` gets a counted ``Step`` (``envforge.progress``) of the tasks played so far as
+    each wave of episodes ends; ``executor`` (``envforge.executor``): where the sandboxes run
+    (the scores are the same)."""
     import torch
     from trainers.router import RoutedPolicy
     c = config or EvalConfig(**settings)

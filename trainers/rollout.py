@@ -1,11 +1,11 @@
 """Multi-turn rollouts of a policy against a sandboxed env, token by token.
 
-``run_episodes(policy, factory, seeds, ...)`` plays one episode per seed. The live episodes form
-two lanes that take turns: one batched generation for a lane's episodes, then its env steps go
+``run_episodes(policy, factory, seeds, ...)`` plays one episode per seed. A wave's episodes form two
+lanes that take turns: one batched generation for a lane's live episodes, then its env steps go
 out together from a worker thread (``envforge.gym.step_all``: the sandboxes of the pool do the
 env work in their own processes, in parallel) while the policy generates for the other lane, so
-env work overlaps generation. At most ``factory.size`` episodes are live (each holds one
-sandbox); as one ends, the next seed's takes its place in its lane.
+env work overlaps generation.
+Episodes run in waves of at most ``factory.size`` (each live episode holds one sandbox).
 
 An ``Episode`` keeps the exact token sequence the policy saw and sampled: ``tokens`` with
 ``mask`` 1 on the policy's own sampled tokens and 0 on everything else (system and user turns,
@@ -16,7 +16,6 @@ bad rollout is data, not a crash.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import statistics
 import time
@@ -127,58 +126,37 @@ def run_episodes(policy, factory: EnvFactory, seeds: list[int], *, max_new_token
                  temperature: float = 1.0, top_p: float = 1.0, max_turns: int | None = None,
                  max_context_tokens: int = 4096, executor: ThreadPoolExecutor | None = None,
                  stats: dict | None = None, progress: Progress | None = None) -> list[Episode]:
-    """One episode per seed (repeat a seed for a group), in the order of ``seeds``; see the
-    module docstring. ``progress`` gets ``Step("episodes", done=..., total=len(seeds))`` each
-    time another ``factory.size`` episodes have ended, and at the last."""
+    """One episode per seed (repeat a seed for a group); see the module docstring. ``progress``
+    gets ``Step("episodes", done=..., total=len(seeds))`` as each wave of episodes ends."""
     own = executor is None
     executor = executor or ThreadPoolExecutor(max_workers=max(1, factory.size))
-    episodes = [Episode(s) for s in seeds]
+    episodes: list[Episode] = []
     try:
-        _play(policy, factory, episodes, executor, max_new_tokens, temperature, top_p, max_turns,
-              max_context_tokens, stats if stats is not None else {}, progress)
+        for start in range(0, len(seeds), factory.size):
+            wave = [Episode(s) for s in seeds[start:start + factory.size]]
+            _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p,
+                       max_turns, max_context_tokens, stats if stats is not None else {})
+            episodes += wave
+            if progress is not None:
+                progress(Step("episodes", None, len(episodes), len(seeds)))
     finally:
         if own:
             executor.shutdown(wait=True)
     return episodes
 
 
-def _play(policy, factory, episodes, executor, max_new_tokens, temperature, top_p, max_turns,
-          max_context_tokens, stats, progress) -> None:
-    """Two lanes take turns: while one lane's env steps run on the pool, the policy generates
-    for the other lane, so env work overlaps generation. Each lane holds the episodes of half
-    the pool's sandboxes; when one ends, its sandbox goes back to the pool and the next seed's
-    episode takes its place (reset, then in the lane's next generation), so the lanes stay full
-    until the seeds run out (a batched generation costs about as much for 8 episodes as for 2:
-    measured on the demo's model, 5.6 and 3.6 ms a token)."""
-    waiting = iter(episodes)  # the episodes not started yet, in order
-    room = [(factory.size + 1) // 2, factory.size // 2]
-    lanes: list[list[Episode]] = [[], []]
-    pending: list[tuple | None] = [None, None]   # per lane: (episodes, actions, future)
-    ended = 0
-
-    def end(ep: Episode) -> None:
-        nonlocal ended
-        if ep.env is not None:
-            ep.env.close()  # the sandbox goes back to the pool for the next episode
-            ep.env = None
-        ended += 1
-        if progress is not None and (ended % factory.size == 0 or ended == len(episodes)):
-            progress(Step("episodes", None, ended, len(episodes)))
-
-    def fill(lane: int) -> None:
-        while len(lanes[lane]) < room[lane]:
-            new = list(itertools.islice(waiting, room[lane] - len(lanes[lane])))
-            if not new:
-                return
-            list(executor.map(lambda ep: _reset(ep, factory), new))
-            for ep in new:
-                if ep.done:  # failed at reset
-                    end(ep)
-                    continue
+def _play_wave(policy, factory, wave, executor, max_new_tokens, temperature, top_p, max_turns,
+               max_context_tokens, stats) -> None:
+    """Two lanes (alternate episodes) take turns: while one lane's env steps run on the pool,
+    the policy generates for the other lane, so env work overlaps generation."""
+    try:
+        list(executor.map(lambda ep: _reset(ep, factory), wave))
+        for ep in wave:
+            if not ep.done:
                 ep.tokens = policy.encode(policy.render(ep.messages, ep.tools, add_generation_prompt=True))
                 ep.mask = [0] * len(ep.tokens)
-                lanes[lane].append(ep)
-    try:
+        lanes = [wave[0::2], wave[1::2]]
+        pending: list[tuple | None] = [None, None]   # per lane: (episodes, actions, future)
         while True:
             progressed = False
             for lane in (0, 1):
@@ -190,12 +168,7 @@ def _play(policy, factory, episodes, executor, max_new_tokens, temperature, top_
                     pending[lane] = None
                     for ep, action, res in zip(live, actions, results):
                         _apply(policy, ep, action, res, max_turns, max_new_tokens, max_context_tokens)
-                    for ep in live:
-                        if ep.done:
-                            end(ep)
-                    lanes[lane] = [ep for ep in live if not ep.done]
-                fill(lane)
-                live = lanes[lane]
+                live = [ep for ep in lanes[lane] if not ep.done]
                 if not live:
                     continue
                 progressed = True
@@ -204,10 +177,7 @@ def _play(policy, factory, episodes, executor, max_new_tokens, temperature, top_
             if not progressed and pending == [None, None]:
                 return
     finally:
-        for lane in (0, 1):
-            if pending[lane] is not None:
-                pending[lane][2].cancel()
-        for ep in episodes:
+        for ep in wave:
             if ep.env is not None:
                 ep.env.close()
                 ep.env = None
