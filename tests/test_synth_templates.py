@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -536,34 +537,34 @@ def test_a_family_is_unsupported_only_where_the_target_lacks_its_tools(name):
             plan(f, t)
 
 
+def _matrix_audit(name: str, slug: str, folder: Path):
+    """One pair of the matrix: ((name, slug), (its report, or why the target does not support
+    the family; seconds))."""
+    t, f = target(name), next(f for f in FAMILIES if f.slug == slug)
+    folder.mkdir()
+    try:
+        src, _ = synthesize_template(f.name, f, t)
+    except Unsupported as e:
+        return (name, slug), (str(e), 0.0)
+    (folder / "env.py").write_text(src)
+    t0 = time.perf_counter()
+    report = audit(folder, target=t, settings=GateSettings(seeds=20, probe_seed=MATRIX_PROBE_SEED),
+                   write_report=False)
+    return (name, slug), (report, time.perf_counter() - t0)
+
+
 @pytest.fixture(scope="module")
 def matrix_results(tmp_path_factory):
     """Every family on every target, audited by the full gate with 20 seeds per property (50 in
-    test_full_gate_on_a_few), one after the other (CPython 3.11's ast is not thread-safe)."""
+    test_full_gate_on_a_few), in two processes (not threads: CPython 3.11's ast is not
+    thread-safe), each pair's audit as it would be alone (its own probe seed)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
     out = tmp_path_factory.mktemp("matrix")
-    jobs = []
-    for name in MATRIX_TARGETS:
-        if name != "example" and not (TARGETS / SHARED_TARGETS[name]).is_dir():
-            continue
-        t = target(name)
-        for f in FAMILIES:
-            jobs.append((name, f, t))
-
-    def run(job):
-        name, f, t = job
-        folder = out / f"{name}_{f.slug}"
-        folder.mkdir()
-        try:
-            src, _ = synthesize_template(f.name, f, t)
-        except Unsupported as e:
-            return (name, f.slug), (str(e), 0.0)
-        (folder / "env.py").write_text(src)
-        t0 = time.perf_counter()
-        report = audit(folder, target=t, settings=GateSettings(seeds=20, probe_seed=MATRIX_PROBE_SEED),
-                       write_report=False)
-        return (name, f.slug), (report, time.perf_counter() - t0)
-
-    return dict(run(job) for job in jobs)
+    jobs = [(name, f.slug, out / f"{name}_{f.slug}") for name in MATRIX_TARGETS
+            if name == "example" or (TARGETS / SHARED_TARGETS[name]).is_dir() for f in FAMILIES]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return dict(ex.map(_matrix_audit, *zip(*jobs)))
 
 
 @pytest.mark.slow
