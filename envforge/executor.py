@@ -355,7 +355,7 @@ class SandboxActor:
                     continue
                 if op == "ready":
                     answers[i].append(("ok", {"meta": lease.meta, "node": node_id(),
-                                              "warning": self.pool.backend.warning()}))
+                                              "warning": self._warning()}))
                 else:
                     sent.append((i, (lease, op, arg)))
             results = self.pool.call_all([call for _, call in sent])
@@ -363,6 +363,14 @@ class SandboxActor:
                 answers[i].append(("error", _failure(result)) if isinstance(result, EnvforgeError)
                                   else ("ok", result))
         return answers
+
+    def _warning(self) -> str | None:
+        """What this node's backend warns of (``Backend.warning``); a backend of someone else's
+        that raises must not break "ready": its failure is the warning."""
+        try:
+            return self.pool.backend.warning()
+        except Exception as e:
+            return f"the {self.pool.backend.name!r} backend could not say how it contains env code: {e!r}"
 
     def _lease(self, slot: int) -> Lease:
         """The slot's sandbox (a fresh one from the pool when it died)."""
@@ -703,9 +711,10 @@ class RayPool:
     ``sandbox.pool.SandboxPool`` (``acquire``, ``release``, ``wait_warm``, ``close``). The
     steps that several leases of one actor send at once travel as one actor call
     (``RemoteActor``). ``nodes`` counts the sandboxes' placements per node (replacements
-    included); ``warnings`` holds, per node, what its backend warns of (a weak containment, said
-    once on this process's stderr: the actors' own stderr goes to the workers' logs); ``started`` and ``replaced`` count actors; ``actor_calls`` the batches sent and
-    ``sandbox_calls`` the resets, steps and solves in them."""
+    included); ``warnings`` holds, per node, what its backend warns of (a weak containment,
+    said on this process's stderr once per node and process: the actors' own stderr goes to the
+    workers' logs); ``started`` and ``replaced`` count actors; ``actor_calls`` the batches sent
+    and ``sandbox_calls`` the resets, steps and solves in them."""
 
     def __init__(self, source: str, size: int = 4, backend: str = "auto",
                  limits: Limits | None = None, hash_seed: int = 0, filename: str = "env.py",

@@ -31,6 +31,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Any, NoReturn, Sequence
@@ -419,12 +420,16 @@ def call_all(calls: Sequence[tuple[Sandbox, str, dict]]) -> list:
 
 
 _WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
 
 
 def warn_once(message: str) -> None:
-    """``message`` on stderr, once per process (every sandbox start would repeat it): written
-    there, not a ``warnings.warn``, which a caller's or another thread's filter could swallow."""
-    if message not in _WARNED:
+    """``message`` on stderr, once per process (every sandbox start would repeat it; threads
+    starting sandboxes at once say it once): written there, not a ``warnings.warn``, which a
+    caller's or another thread's filter could swallow."""
+    with _WARNED_LOCK:
+        if message in _WARNED:
+            return
         _WARNED.add(message)
         sys.stderr.write(f"envforge: warning: {message}\n")
         sys.stderr.flush()
@@ -442,8 +447,10 @@ class Backend(ABC):
 
     def warning(self) -> str | None:
         """What a user must be told before env code runs in this backend's sandboxes (a
-        containment weaker than it should be), else None. ``start`` says it on stderr; a Ray
-        actor hands it back to the caller, who says it there (``envforge.executor.RayPool``)."""
+        containment weaker than it should be), else None; never raises. The process backend's
+        ``start`` says it on stderr (``warn_once``), the unisolated one's warns at every start;
+        a ``RayPool`` actor hands it back to the caller, who says it there (the actor's stderr
+        goes to its worker's log)."""
         return None
 
     @abstractmethod
@@ -599,8 +606,10 @@ class UnsafeInProcessBackend(Backend):
     def available(self) -> tuple[bool, str]:
         return True, "unsafe-inprocess: NO isolation (env code runs in this process)"
 
-    def warning(self) -> str:
-        return UNSAFE
+    def warning(self) -> str:  # (read where the sandboxes' host is another process: a Ray actor)
+        return ("backend 'unsafe-inprocess' runs env code with NO isolation, no time limit and no memory "
+                "limit, inside the process that hosts the sandboxes: for benchmarks and debugging of "
+                "trusted code only")
 
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
         import warnings

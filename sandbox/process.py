@@ -565,10 +565,14 @@ class ProcessBackend(Backend):
 
     def warning(self) -> str | None:
         """unshare leaves the host's files visible: without seccomp, env code can write the
-        world-writable ones. (None where no sandbox can start: ``start`` says why.)"""
-        if not self.available()[0]:
+        world-writable ones. (None where no sandbox can start, or its plan cannot be probed:
+        ``start`` says why.)"""
+        try:
+            if not self.available()[0]:
+                return None
+            layer, _, _, sec_on, sec_what = self._plan()
+        except Exception:  # never raises: a probe that cannot finish is start's to report
             return None
-        layer, _, _, sec_on, sec_what = self._plan()
         if layer == "unshare" and not sec_on:
             return (f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
                     f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "

@@ -42,12 +42,13 @@ def test_masks_and_padding_on_built_episodes():
     assert loss_mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 0, 0]]
 
 
-def test_logprobs_at_the_scored_tokens_alone_equal_those_of_every_position(hermes_dir):
+def test_logprobs_at_the_scored_tokens_alone_equal_those_of_every_position(hermes_dir, monkeypatch, capfd):
     """token_logprobs with a mask computes the vocabulary's logits at the scored positions only
     (transformers' logits_to_keep): the same values and gradients as from every position's, on
     the base model and through a LoRA adapter; a model whose forward does not take the mask
     gets every position's, sliced."""
     from trainers import grpo
+    monkeypatch.setattr(grpo, "_KEEPS_MASK", {})
     policy = load_policy(hermes_dir)
     a = Episode(seed=0, tokens=[5, 6, 7, 8, 9, 10, 11], mask=[0, 0, 1, 1, 0, 1, 1])
     b = Episode(seed=0, tokens=[5, 9, 7, 6], mask=[0, 1, 1, 0])
@@ -77,7 +78,9 @@ def test_logprobs_at_the_scored_tokens_alone_equal_those_of_every_position(herme
         model.zero_grad()
         assert torch.allclose(kept, full * m, atol=1e-5) and (kept[m == 0] == 0).all()
         assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
-    assert Plain in grpo._KEEPS_NO_MASK and type(policy.model) not in grpo._KEEPS_NO_MASK
+    llama = type(policy.model)
+    assert grpo._KEEPS_MASK == {(llama, llama): True, (type(peft), llama): True, (Plain, Plain): False}
+    assert capfd.readouterr().err.count("Plain's forward does not take logits_to_keep as a mask") == 1
 
 
 def test_clipped_loss_on_built_tensors():

@@ -556,8 +556,10 @@ def _matrix_audit(name: str, slug: str, folder: Path):
 @pytest.fixture(scope="module")
 def matrix_results(tmp_path_factory):
     """Every family on every target, audited by the full gate with 20 seeds per property (50 in
-    test_full_gate_on_a_few), in two processes (not threads: CPython 3.11's ast is not
-    thread-safe), each pair's audit as it would be alone (its own probe seed)."""
+    test_full_gate_on_a_few), two at a time in processes of their own (not threads: CPython
+    3.11's ast is not thread-safe). Each pair draws its probes as it would alone (the pinned
+    probe seed); the gate's timing checks (a call over 1 s three times, resets slowing down)
+    allow for the two sharing the cores."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     out = tmp_path_factory.mktemp("matrix")

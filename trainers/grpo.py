@@ -31,6 +31,7 @@ import json
 import math
 import shutil
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -75,9 +76,38 @@ def batch_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, t
     return ids, attn, loss_mask
 
 
-#: model classes whose forward did not take a boolean ``logits_to_keep`` (an older transformers,
-#: custom code): ``kept_logits`` gives them every position's logits
-_KEEPS_NO_MASK: set[type] = set()
+#: per (model class, base model class): does its forward take ``logits_to_keep`` as a boolean
+#: mask (``kept_logits``)? Probed once per process on two tokens.
+_KEEPS_MASK: dict[tuple[type, type], bool] = {}
+
+
+def keeps_masks(model) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` as a boolean [B, T] mask and answers
+    the kept positions' logits as [N, vocab] (transformers' recent models; not an older
+    transformers, nor custom code): probed once per model class on two tokens, in eval mode and
+    without gradients (no dropout, so no random draw a replay would miss). A model that does
+    not is said once on stderr."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    key = (type(model), type(base))
+    if key not in _KEEPS_MASK:
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.zeros((1, 2), dtype=torch.long, device=next(model.parameters()).device)
+                keep = torch.tensor([[False, True]], device=ids.device)
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=keep).logits
+            ok = logits.dim() == 2 and logits.shape[0] == 1
+        except Exception:  # no such argument, or not as a mask: every position's logits
+            ok = False
+        finally:
+            model.train(was)
+        _KEEPS_MASK[key] = ok
+        if not ok:
+            sys.stderr.write(f"envforge: note: {type(base).__name__}'s forward does not take logits_to_keep "
+                             "as a mask: the loss computes every position's logits (more memory; a newer "
+                             "transformers has it)\n")
+    return _KEEPS_MASK[key]
 
 
 def kept_logits(model, ids: torch.Tensor, attn: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
@@ -86,17 +116,10 @@ def kept_logits(model, ids: torch.Tensor, attn: torch.Tensor | None, keep: torch
     (transformers' ``logits_to_keep`` as a boolean mask): every position's ([B, T, vocab]) is
     the largest tensor of a step with a big vocabulary (a 128k one: 4 GiB in float32 for 8
     sequences of 1,024 tokens), and in an episode most tokens are the prompt, the env's or the
-    user's, none of them scored. A model whose forward does not take the mask computes them all."""
-    kind = type(model.get_base_model() if hasattr(model, "get_base_model") else model)
-    if kind not in _KEEPS_NO_MASK:
-        try:
-            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
-        except (TypeError, IndexError, ValueError):  # no such argument, or not as a mask
-            logits = None
-        n = int(keep.sum())
-        if logits is not None and logits.dim() == 2 and logits.shape[0] == n:
-            return logits
-        _KEEPS_NO_MASK.add(kind)
+    user's, none of them scored. A model whose forward does not take the mask (``keeps_masks``)
+    computes them all."""
+    if keeps_masks(model):
+        return model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
     return model(input_ids=ids, attention_mask=attn).logits[keep]
 
 
