@@ -437,6 +437,15 @@ def _probe(layer: str) -> tuple[list[str] | None, str]:
     return None, f"unshare does not work here: {first_why}"
 
 
+def _weakness(layer: str | None, sec_on: bool, sec_what: str) -> str | None:
+    """What a sandbox of this plan must be announced with (``ProcessBackend.warning``), else None."""
+    if layer == "unshare" and not sec_on:
+        return (f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
+                f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "
+                "bubblewrap, whose root is read-only")
+    return None
+
+
 def runner_imports(module: str) -> str | None:
     """None when the runner's interpreter, started as the runner is (``-s``, the sandbox's bare
     environment: no PYTHONPATH, no user site), imports ``module``; else why not. What this
@@ -573,11 +582,7 @@ class ProcessBackend(Backend):
             layer, _, _, sec_on, sec_what = self._plan()
         except Exception:  # never raises: a probe that cannot finish is start's to report
             return None
-        if layer == "unshare" and not sec_on:
-            return (f"sandboxes run behind unshare WITHOUT seccomp: env code sees the host's files "
-                    f"and can write those open to everyone (/tmp, /dev/shm); {sec_what}; or install "
-                    "bubblewrap, whose root is read-only")
-        return None
+        return _weakness(layer, sec_on, sec_what)
 
     def start(self, limits: Limits, hash_seed: int = 0) -> Sandbox:
         ok, why = self.available()
@@ -585,7 +590,7 @@ class ProcessBackend(Backend):
             raise SandboxUnavailable(why)
         check_hash_seed(hash_seed)
         layer, prefix, _, sec_on, sec_what = self._plan()
-        weak = self.warning()
+        weak = _weakness(layer, sec_on, sec_what)
         if weak:
             warn_once(weak)
         argv = prefix + [sys.executable, "-s", "-B", RUNNER, "--cpu", cpu_per_call(limits)] + (

@@ -48,7 +48,9 @@ def test_logprobs_at_the_scored_tokens_alone_equal_those_of_every_position(herme
     the base model and through a LoRA adapter; a model whose forward does not take the mask
     gets every position's, sliced."""
     from trainers import grpo
+    from sandbox import base
     monkeypatch.setattr(grpo, "_KEEPS_MASK", {})
+    monkeypatch.setattr(base, "_WARNED", set())
     policy = load_policy(hermes_dir)
     a = Episode(seed=0, tokens=[5, 6, 7, 8, 9, 10, 11], mask=[0, 0, 1, 1, 0, 1, 1])
     b = Episode(seed=0, tokens=[5, 9, 7, 6], mask=[0, 1, 1, 0])

@@ -31,7 +31,6 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -45,6 +44,7 @@ from safetensors.torch import load_file, save_file
 from envforge import __version__
 from envforge.errors import UsageError
 from envforge.progress import Progress, Step
+from sandbox.base import warn_once
 from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
 from trainers.policy import Policy, set_threads
 from trainers.rollout import Episode, EnvFactory, is_constant, run_episodes
@@ -86,7 +86,7 @@ def keeps_masks(model) -> bool:
     the kept positions' logits as [N, vocab] (transformers' recent models; not an older
     transformers, nor custom code): probed once per model class on two tokens, in eval mode and
     without gradients (no dropout, so no random draw a replay would miss). A model that does
-    not is said once on stderr."""
+    not is said once on stderr (``warn_once``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     key = (type(model), type(base))
     if key not in _KEEPS_MASK:
@@ -104,9 +104,8 @@ def keeps_masks(model) -> bool:
             model.train(was)
         _KEEPS_MASK[key] = ok
         if not ok:
-            sys.stderr.write(f"envforge: note: {type(base).__name__}'s forward does not take logits_to_keep "
-                             "as a mask: the loss computes every position's logits (more memory; a newer "
-                             "transformers has it)\n")
+            warn_once(f"{type(base).__name__}'s forward does not take logits_to_keep as a mask: the loss "
+                      "computes every position's logits (more memory; a newer transformers has it)")
     return _KEEPS_MASK[key]
 
 
