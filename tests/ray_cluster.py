@@ -133,14 +133,25 @@ class Cluster:
     def __init__(self, pin: bool = False, env: dict | None = None):
         self.pin = pin
         self.env = env or cluster_env()
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.head = Node(["--head", "--port", str(self.port), "--include-dashboard", "false",
-                          "--dashboard-port", str(free_port()),
-                          "--ray-client-server-port", str(free_port())], "head", self.env,
-                         self._cpu(0))
         self.workers: list[Node] = []
-        self._wait(1)
+        # a head start on a busy machine can miss Ray's own 30 s deadline ("Failed to get node
+        # info: RPC error: Deadline Exceeded"); one lost start would error every test of the
+        # module, so a failed head is stopped and started once more, on fresh ports
+        for attempt in (1, 2):
+            self.port = free_port()
+            self.address = f"127.0.0.1:{self.port}"
+            self.head = Node(["--head", "--port", str(self.port), "--include-dashboard", "false",
+                              "--dashboard-port", str(free_port()),
+                              "--ray-client-server-port", str(free_port())], "head", self.env,
+                             self._cpu(0))
+            try:
+                self._wait(1)
+                break
+            except RuntimeError as e:
+                self.head.stop()
+                if attempt == 2:
+                    raise
+                print(f"ray_cluster: the head did not start ({e}); starting it again", file=sys.stderr)
 
     def add_worker(self) -> Node:
         taken = [p for n in [self.head, *self.workers] for p in n.ports]
