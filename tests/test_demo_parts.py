@@ -598,36 +598,29 @@ def test_an_evaluation_job_that_crashes_leaves_its_traceback(tmp_path):
     assert "Traceback" in log.read_text() and "boom in routed" in log.read_text()
 
 
-def test_the_baseline_is_evaluated_in_its_own_job_once_it_has_trained(tmp_path, monkeypatch):
-    """GRPO on the target trains, then is evaluated, in one job (its evaluation starts as soon as
-    its training ends, beside the other methods' evaluations): the evaluation reads the adapter
-    the training wrote, and the job's result holds both."""
-    from pathlib import Path
-
-    import trainers.parallel
-    from envforge.demo import run
+@pytest.mark.timeout(600)  # a budget never closed would leave the baseline waiting for ever
+def test_the_baseline_trains_beside_the_adapters_and_stops_at_their_rollouts(tmp_path):
+    """The demo's train stage: GRPO on the target trains in a process beside the adapters', its
+    budget raised as their rollouts come in and closed when they end. Real processes, a real
+    tiny model, real sandboxes. It ends where a run alone with max_rollouts = the adapters'
+    total ends, its reward curve the same."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+    from tests.trainers_fixtures import brevity_env, tiny_model_dir
     from envforge.demo.config import DemoConfig
-    from envforge.progress import Step
-    order, steps = [], []
-
-    def run_job(job, progress=None):
-        order.append("train")
-        Path(job.out).mkdir(parents=True)
-        (Path(job.out) / "adapter_model.safetensors").write_text("w")
-        progress(Step("1/1", None, 1, 1, record="iteration"))
-        return {"rollouts": 16}
-
-    def evaluate_job(job, progress=None):
-        order.append("evaluate")
-        return {"read": (Path(job.adapter) / "adapter_model.safetensors").read_text()}
-    monkeypatch.setattr(trainers.parallel, "run_job", run_job)
-    monkeypatch.setattr(run, "evaluate_job", evaluate_job)
-    train = trainers.parallel.Job("GRPO on the target", "model", "target", str(tmp_path / "grpo"), None)
-    job = run.BaselineJob(train.name, train, run.EvalJob("grpo_target", "adapter", "model",
-                                                         str(tmp_path / "grpo"), "target", [1], DemoConfig()))
-    import pickle
-    job = pickle.loads(pickle.dumps(job))  # as it travels to a spawned process
-    result = run.stage_job(job, steps.append)
-    assert order == ["train", "evaluate"]
-    assert result == {"trained": {"rollouts": 16}, "evaluation": {"read": "w"}}
-    assert [s.text for s in steps] == ["1/1", "evaluating"]
+    from envforge.demo.run import Tracker, grpo_config, train
+    from trainers.parallel import Job, RolloutBudget, run_job
+    model, env = tiny_model_dir(tmp_path), brevity_env(tmp_path / "env")
+    cfg = replace(DemoConfig(), iterations=3, pool_size=4, backend="process", lora_rank=4, max_new_tokens=8)
+    steps = []
+    out = train(cfg, model, env, {"brevity": env}, tmp_path / "adapters", tmp_path / "grpo_target",
+                Tracker(steps.append))
+    adapter, baseline = out["brevity"], out["grpo_target"]
+    assert RolloutBudget(tmp_path / "grpo_target" / "budget.json")() == (adapter["rollouts"], True)
+    alone = run_job(Job("alone", str(model), str(env), str(tmp_path / "alone"),
+                        grpo_config(cfg, baseline["iterations"], adapter["rollouts"]), base_model=str(model)))
+    assert baseline["rollouts"] == alone["rollouts"] >= adapter["rollouts"]
+    assert baseline["reward_curve"] == alone["reward_curve"]
+    assert len(baseline["reward_curve"]) < baseline["iterations"]  # the budget ended it, not the backstop
+    shown = [s.text for s in steps]
+    assert any("GRPO on the target: reward" in t for t in shown) and any("brevity: reward" in t for t in shown)

@@ -208,6 +208,46 @@ def test_a_rollout_budget_stops_the_run_at_the_iteration_that_reaches_it(hermes_
     assert result.manifest["iterations"] == len(counts)
 
 
+def test_a_budget_decided_while_the_run_goes_makes_the_run_its_final_number_makes(hermes_dir, env_dir,
+                                                                                  tmp_path, monkeypatch):
+    """A budget raised as another run trains (GRPOTrainer's ``budget``): an iteration starts only
+    while fewer rollouts than allowed so far are spent, the run waits when it has spent them
+    all, and it ends where ``max_rollouts`` = the final number ends it, every iteration and
+    weight the same, its last iteration checkpointed."""
+    from trainers import grpo
+    monkeypatch.setattr(grpo, "BUDGET_POLL_S", 0.0)
+    alone, done = _train(hermes_dir, env_dir, tmp_path / "alone", 50, config={"max_rollouts": 30})
+    levels, looks, waits, began = [10, 20, 25], [], [], []
+
+    def budget():
+        """Allowed so far: raised a level on the second look after the run has spent it all
+        (the first look finds it still there: the run waits); final at 30."""
+        while levels and trainer.rollouts_spent() >= levels[0]:
+            looks.append(levels[0])
+            if looks.count(levels[0]) < 2:
+                return levels[0], False
+            waits.append(trainer.rollouts_spent())
+            levels.pop(0)
+        return (levels[0], False) if levels else (30, True)
+
+    def iterate(factory, executor, _real=GRPOTrainer.iterate):
+        began.append((trainer.rollouts_spent(), trainer.budget()[0]))
+        return _real(trainer, factory, executor)
+    trainer = GRPOTrainer(load_policy(hermes_dir), env_dir,
+                          GRPOConfig(**{**TEST_CONFIG, "iterations": 50}), out=tmp_path / "late",
+                          budget=budget)
+    monkeypatch.setattr(trainer, "iterate", iterate)
+    result = trainer.train()
+    assert waits, "the run never had to wait for its budget"
+    assert all(spent < known for spent, known in began)
+    assert [h["episodes"] for h in result.history] == [h["episodes"] for h in done.history]
+    assert result.manifest["reward_curve"] == done.manifest["reward_curve"]
+    late = trainer.model.state_dict()
+    assert all(torch.equal(v, late[k]) for k, v in alone.model.state_dict().items())
+    state = json.loads((tmp_path / "late" / "checkpoint" / "state.json").read_text())
+    assert state["iteration"] == len(done.history)
+
+
 def test_the_expected_length_under_a_budget_follows_the_recent_iterations(hermes_dir, env_dir, tmp_path):
     """Iterations collect more rollouts as groups turn constant (collected again): the estimate of
     where the budget ends follows the last iterations, and moves only when 10% off."""

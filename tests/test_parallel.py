@@ -90,6 +90,27 @@ def test_a_crashing_job_is_one_line_and_its_traceback_a_file(tmp_path, workers):
     assert e.value.exit_code == 1 and "Traceback" in log.read_text() and "boom" in log.read_text()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_caller_hears_of_each_job_as_it_ends(tmp_path, workers):
+    """run_many's ``ended``: each job's name and result (None for a failure), once, as it ends."""
+    items = [Item("bad", str(tmp_path / "bad")), Item("good", str(tmp_path / "good"))]
+    heard = []
+    with pytest.raises(JobFailed):
+        run_many(work, items, workers, ended=lambda name, result: heard.append((name, result)))
+    assert sorted(name for name, _ in heard) == ["bad", "good"]
+    assert dict(heard)["bad"] is None and dict(heard)["good"]["name"] == "good"
+
+
+def test_a_rollout_budget_file_reads_back_whole(tmp_path):
+    from trainers.parallel import RolloutBudget
+    budget = RolloutBudget(tmp_path / "b" / "budget.json")
+    assert budget() == (0, False)  # none written yet: nothing allowed, more to come
+    budget.set(40)
+    assert RolloutBudget(budget.path)() == (40, False)
+    budget.set(72, final=True)
+    assert budget() == (72, True) and not list(budget.path.parent.glob("*.tmp"))
+
+
 def test_jobs_need_their_own_out_folders(hermes_dir, env_dir, tmp_path):
     batch = jobs(hermes_dir, env_dir, tmp_path)
     batch[1].out = batch[0].out

@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -79,6 +79,10 @@ def batch_tensors(episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, t
 #: per (model class, base model class): does its forward take ``logits_to_keep`` as a boolean
 #: mask (``kept_logits``)? Probed once per process on two tokens.
 _KEEPS_MASK: dict[tuple[type, type], bool] = {}
+
+
+#: seconds between two looks at a budget still being decided (``GRPOTrainer.go_on``)
+BUDGET_POLL_S = 0.2
 
 
 def keeps_masks(model) -> bool:
@@ -226,8 +230,11 @@ class GRPOTrainer:
     def __init__(self, policy: Policy, env: str | Path, config: GRPOConfig | None = None,
                  out: str | Path = "adapter", *, base_model: str | None = None,
                  unsafe_skip_gate: bool = False, resume: bool = True,
-                 progress: Progress | None = None, executor: Any = None):
+                 progress: Progress | None = None, executor: Any = None,
+                 budget: Callable[[], tuple[int, bool]] | None = None):
         self.config = config or GRPOConfig()
+        # rollouts decided while the run goes (``go_on``); None: ``config.max_rollouts``
+        self.budget = budget
         self.executor = executor  # where the sandboxes run (envforge.executor); None: here
         self.env, self.out = env, Path(out)
         self.base_model = base_model or policy.name
@@ -396,15 +403,19 @@ class GRPOTrainer:
             meta = factory.describe()
             writer = tracker(c.report_to, self.out)
             with ThreadPoolExecutor(max_workers=pool_size) as executor:
-                while self.iteration < c.iterations and not self.budget_spent():
+                saved = self.iteration
+                while self.iteration < c.iterations and self.go_on():
                     stats = self.iterate(factory, executor)
                     self.history.append(stats.to_dict())
                     if self.iteration % c.save_every == 0 or self.iteration == c.iterations or \
                             self.budget_spent():
                         self.save_checkpoint(factory.env_hash)
+                        saved = self.iteration
                     if writer is not None:
                         track(writer, stats)
                     self._report(Step(str(stats), None, self.iteration, self.expected_iterations(), stats))
+                if saved != self.iteration:  # a budget known late ended it: its last iteration's
+                    self.save_checkpoint(factory.env_hash)
             if writer is not None:
                 writer.close()
             manifest = self.save_adapter(factory, meta)
@@ -414,14 +425,14 @@ class GRPOTrainer:
         """The run's length in iterations: ``iterations``, or fewer where ``max_rollouts`` will
         stop it first (estimated from the rollouts of the last few iterations: they grow as
         groups turn constant and are collected again), for progress and ETA."""
-        c = self.config
-        if c.max_rollouts is None or not self.history:
+        c, most = self.config, self.max_rollouts()
+        if most is None or not self.history:
             return c.iterations
         spent = self.rollouts_spent()
-        if spent >= c.max_rollouts:
+        if spent >= most:
             return self.iteration
         recent = [h["episodes"] for h in self.history[-4:]]
-        left = math.ceil((c.max_rollouts - spent) / (sum(recent) / len(recent)))
+        left = math.ceil((most - spent) / (sum(recent) / len(recent)))
         estimate = min(c.iterations, self.iteration + max(1, left))
         # kept until the run outlasts it or it is 10% off: a total that moved every iteration
         # would restart the display's count (and its ETA) every time
@@ -432,10 +443,33 @@ class GRPOTrainer:
     def rollouts_spent(self) -> int:
         return sum(h["episodes"] for h in self.history)
 
+    def max_rollouts(self) -> int | None:
+        """``config.max_rollouts``, or with ``budget`` the rollouts it allows so far."""
+        return self.config.max_rollouts if self.budget is None else self.budget()[0]
+
     def budget_spent(self) -> bool:
-        """Whether ``max_rollouts`` rollouts were collected (never, when it is unset)."""
+        """Whether ``max_rollouts`` rollouts were collected (never, when it is unset); with
+        ``budget``, whether its final number was."""
+        if self.budget is not None:
+            known, final = self.budget()
+            return final and self.rollouts_spent() >= known
         c = self.config
         return c.max_rollouts is not None and self.rollouts_spent() >= c.max_rollouts
+
+    def go_on(self) -> bool:
+        """Whether another iteration runs, as far as the rollouts go: not while ``max_rollouts``
+        are spent. With ``budget`` (a callable answering the rollouts allowed so far and whether
+        that number is final: a budget that is still being decided, such as another run's
+        rollouts while it trains), an iteration starts while fewer than those are spent, the
+        run waits while as many are spent and more may come, and it stops once the final number
+        is spent: the run ``max_rollouts`` = the final number makes, iteration for iteration."""
+        if self.budget is None:
+            return not self.budget_spent()
+        while True:
+            known, final = self.budget()
+            if self.rollouts_spent() < known or final:
+                return self.rollouts_spent() < known
+            time.sleep(BUDGET_POLL_S)
 
     def _report(self, step: Step) -> None:
         if self.progress is not None:

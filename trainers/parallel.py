@@ -15,6 +15,7 @@ first failure (its exit code is the failure's own).
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import queue as queues
@@ -44,6 +45,30 @@ class Job:
     config: GRPOConfig
     base_model: str | None = None
     resume: bool = True
+    budget: str | None = None  # a RolloutBudget's file: rollouts decided while the job trains
+
+
+class RolloutBudget:
+    """A rollout budget decided while a job trains (``GRPOTrainer``'s ``budget``), kept in a
+    file: the deciding process ``set``s the rollouts allowed so far and whether that number is
+    final; the job reads it (a call answers ``(rollouts, final)``; no file yet: ``(0, False)``).
+    Written whole (a temporary file renamed over it), so a reader never sees half of one."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def set(self, rollouts: int, final: bool = False) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"rollouts": int(rollouts), "final": bool(final)}))
+        os.replace(tmp, self.path)
+
+    def __call__(self) -> tuple[int, bool]:
+        try:
+            d = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return 0, False
+        return d["rollouts"], d["final"]
 
 
 class JobFailed(EnvforgeError):
@@ -69,7 +94,8 @@ def run_job(job: Job, progress: Progress | None = None) -> dict:
     from trainers.policy import load_policy
     policy = load_policy(job.model, device=job.config.device)
     trainer = GRPOTrainer(policy, job.env, job.config, out=job.out, base_model=job.base_model,
-                          resume=job.resume, progress=progress)
+                          resume=job.resume, progress=progress,
+                          budget=RolloutBudget(job.budget) if job.budget else None)
     result = trainer.train()
     return {"out": str(job.out), "rollouts": trainer.rollouts_spent(), "resumed_at": trainer.resumed_at,
             "reward_curve": result.manifest["reward_curve"],
@@ -138,14 +164,16 @@ def train_many(jobs: list[Job], workers: int = 1, progress: Progress | None = No
 
 
 def run_many(fn: Callable[[Any, Progress], dict], jobs: list, workers: int = 1,
-             progress: Callable[[str, Step], None] | None = None, what: str = "running") -> list[dict]:
+             progress: Callable[[str, Step], None] | None = None, what: str = "running",
+             ended: Callable[[str, dict | None], None] | None = None) -> list[dict]:
     """``fn(job, progress)`` for every job, ``workers`` at a time in spawned processes (1: here),
     with ``train_many``'s handling of progress, failures and Ctrl-C: the machinery under it, for
     any work of that shape (``fn`` a module-level function, each job picklable with a ``name``).
-    ``progress`` gets (the job's name, its step); ``what`` begins a failure's message."""
+    ``progress`` gets (the job's name, its step); ``ended`` (the job's name, its result or None
+    when it failed) as each job ends, while the others run; ``what`` begins a failure's message."""
     if progress is None:
         progress = lambda name, step: None  # noqa: E731
-    batch = _Batch(fn, jobs, progress, what)
+    batch = _Batch(fn, jobs, progress, what, ended)
     if workers <= 1 or len(jobs) <= 1:
         batch.here()
     else:
@@ -156,8 +184,10 @@ def run_many(fn: Callable[[Any, Progress], dict], jobs: list, workers: int = 1,
 class _Batch:
     """The jobs' state: results and failures by job index, the processes running."""
 
-    def __init__(self, fn: Callable, jobs: list, count: Callable[[str, Step], None], what: str):
+    def __init__(self, fn: Callable, jobs: list, count: Callable[[str, Step], None], what: str,
+                 ended: Callable[[str, dict | None], None] | None = None):
         self.fn, self.jobs, self.count, self.what = fn, jobs, count, what
+        self.ended = ended or (lambda name, result: None)
         self.results: dict[int, dict] = {}
         self.failed: dict[int, tuple[str, int]] = {}
         self.running: dict[int, Any] = {}
@@ -171,6 +201,7 @@ class _Batch:
                 raise Interrupted(self.jobs[i:]) from None
             except Exception as e:  # noqa: BLE001 (as a job's process reports it)
                 self.failed[i] = _failure(job, e)
+            self.ended(job.name, self.results.get(i))
 
     def processes(self, workers: int) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -204,6 +235,7 @@ class _Batch:
                         if i in self.running:
                             self.failed[i] = (f"its process died (exit code {p.exitcode})", 1)
                             self.running.pop(i).join()
+                            self.ended(self.jobs[i].name, None)
         except KeyboardInterrupt:
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: the jobs are stopping
             try:
@@ -231,6 +263,7 @@ class _Batch:
         p = self.running.pop(i, None)
         if p is not None:
             p.join()
+        self.ended(self.jobs[i].name, self.results.get(i))
 
     def drain(self) -> None:
         """The messages sent so far (a process that died may have sent its last)."""

@@ -11,16 +11,16 @@ Stages (each timed; see docs/demo.md):
    ``envforge.identify`` (structural labeller) reads them back;
 4. synth: ``synthesize_batch`` (template synthesizer) writes one env per retained capability,
    the gate audits each; ``calibrate`` measures the base agent on each accepted env;
-5. train: one LoRA adapter per env with ``GRPOTrainer``;
+5. train: one LoRA adapter per env with ``GRPOTrainer`` and, beside them, the baseline: GRPO on the target, for as many rollouts as the adapters take
+   together (a budget raised as they train: ``train``);
 6. evaluate on held-out target tasks: base, routed (``RoutedPolicy``), merged
-   (``merged_policy``), oracle routing (each task kind's own adapter), while beside them the
-   baseline, GRPO on the target, trains for as many rollouts as the adapters together
-   (``max_rollouts``); then the baseline is evaluated;
+   (``merged_policy``), GRPO on the target, oracle routing (each task kind's own adapter);
 7. report: results.json, figures, one HTML page, a table on stdout.
 """
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import sys
@@ -283,24 +283,87 @@ def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = Non
                       pool_size=cfg.pool_size, micro_batch_size=8)
 
 
-def train_adapters(cfg: DemoConfig, model_dir: Path, envs: dict[str, Path], adapters: Path,
-                   progress: Tracker) -> dict:
-    """One adapter per env, as many at once as ``workers`` says (``trainers.parallel``:
-    the adapters are those of one run after another)."""
-    from trainers.parallel import Job, train_many
-    n = workers(cfg, len(envs))
-    progress.begin("train adapters", f"{len(envs)} x {cfg.iterations} iterations of 4 x 4 rollouts, "
-                   f"{n} at a time")
-
-    def show(step):
-        if step.record is not None:
-            s = step.record
-            progress.step(step.done, step.total, f"iterations ({step.item}: reward {s.reward_mean:.2f}, "
-                          f"{s.tokens_per_s:,.0f} tok/s)", force=True)
+def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path], adapters: Path,
+          baseline_out: Path, progress: Tracker) -> dict:
+    """One adapter per env and, beside them, the baseline: GRPO on the target, for as many
+    rollouts as the adapters take together (``trainers.parallel``: each run is the one it makes
+    alone). The adapters' rollouts are known only as they train, so the baseline's budget is a
+    ``RolloutBudget`` this process raises with each of their iterations and closes when the last
+    ends: the baseline never waits for a budget it could not reach, and stops where a run with
+    ``max_rollouts`` = their total stops. On a CPU with one thread a job, it is one process more
+    than the cores (each job waits on its sandboxes and its generation in turn; the baseline,
+    alone after the adapters, had left a core idle); the adapters are then those of one run
+    after another, and the baseline the run it makes alone. ``{name: summary}`` with
+    ``"grpo_target"`` for the baseline."""
+    from trainers.parallel import Job, RolloutBudget, run_job, run_many
+    iterations = 4 * cfg.iterations * max(1, len(envs))  # the baseline's backstop: its budget ends it
     jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name), grpo_config(cfg, cfg.iterations),
                 base_model=str(model_dir)) for cap, env in envs.items()]
-    return {job.name: {"iterations": cfg.iterations, **_trained(r)}
-            for job, r in zip(jobs, train_many(jobs, n, show))}
+    budget = RolloutBudget(baseline_out / "budget.json")
+    if jobs:
+        budget.set(0)
+    baseline = Job(BASELINE, str(model_dir), str(target), str(baseline_out),
+                   grpo_config(cfg, iterations, None if jobs else cfg.iterations * 16),
+                   base_model=str(model_dir), budget=str(budget.path) if jobs else None)
+    n = len(jobs) + 1
+    if cfg.device == "cpu":
+        n = min(n, workers(cfg, len(jobs)) + 1 if cfg.threads == 1 else workers(cfg, n))
+    # first when it runs beside all the adapters, else last (it may wait on their rollouts: it
+    # must not hold a slot an adapter needs)
+    batch = [baseline, *jobs] if n >= len(jobs) + 1 else [*jobs, baseline]
+    progress.begin("train", f"{len(jobs)} adapter(s) x {cfg.iterations} iterations of 4 x 4 rollouts and "
+                   f"GRPO on the target for as many rollouts, {n} at a time")
+    spent = {j.name: 0 for j in jobs}  # the adapters' rollouts so far
+    at = {j.name: 0 for j in jobs}  # their iterations so far
+    ended: dict[str, dict | None] = {}
+    rollouts: list[int] = []  # the baseline's, by iteration
+
+    def show(name: str, step: Step) -> None:
+        if name != BASELINE and step.done is not None:
+            at[name] = step.done  # also a resumed run's first step
+        if step.record is None:
+            return
+        if name == BASELINE:
+            rollouts.append(step.record.episodes)
+            what = f"GRPO on the target: reward {step.record.reward_mean:.2f}"
+        else:
+            spent[name] += step.record.episodes
+            if name not in ended:
+                budget.set(sum(spent.values()))
+            what = f"{name}: reward {step.record.reward_mean:.2f}"
+        progress.step(*count(), f"iterations ({what}, {step.record.tokens_per_s:,.0f} tok/s)", force=True)
+
+    def count() -> tuple[int, int]:
+        """Iterations done and expected in all: the adapters', and the baseline's where its
+        budget will end it (their rollouts so far, scaled to their whole run, at its own recent
+        rollouts an iteration; as many iterations as theirs before it has any)."""
+        done, total = sum(at.values()), cfg.iterations * len(jobs)
+        if not rollouts:
+            return done, 2 * total
+        final = sum(spent.values()) * total / done if done else 0
+        if len(ended) == len(jobs):
+            final = sum(spent.values()) if jobs else baseline.config.max_rollouts
+        recent = rollouts[-4:]
+        left = max(0, final - sum(rollouts))
+        return done + len(rollouts), total + len(rollouts) + math.ceil(left * len(recent) / max(1, sum(recent)))
+
+    def end(name: str, result: dict | None) -> None:
+        if name == BASELINE:
+            return
+        ended[name] = result
+        if result is not None:
+            spent[name] = result["rollouts"]
+        if len(ended) == len(jobs) or result is None:  # all done (or one failed: the run fails)
+            budget.set(sum(spent.values()), final=True)
+
+    out = dict(zip((j.name for j in batch), run_many(run_job, batch, n, show, "training", end)))
+    summary = {job.name: {"iterations": cfg.iterations, **_trained(out[job.name])} for job in jobs}
+    summary["grpo_target"] = {"iterations": iterations, **_trained(out[BASELINE])}
+    return summary
+
+
+#: the baseline's job name
+BASELINE = "GRPO on the target"
 
 
 def _trained(r: dict) -> dict:
@@ -334,29 +397,6 @@ def evaluate_job(job: EvalJob, progress=None) -> dict:
     else:
         policy = load_policy(job.model, adapter=job.adapter, device=cfg.device)
     return evaluate_method(policy, Path(job.target), job.seeds, cfg)
-
-
-@dataclass
-class BaselineJob:
-    """GRPO on the target: its training (``trainers.parallel.Job``), then its evaluation
-    (``EvalJob``), in one process, so that the evaluation starts as soon as the training ends."""
-    name: str
-    train: Any
-    evaluation: EvalJob
-    out: str | None = None
-
-
-def stage_job(job, progress=None) -> dict:
-    """A job of the last stage, in a process of its own or here: a method's evaluation
-    (``EvalJob``), or the baseline's training and evaluation (``BaselineJob``: ``{"trained",
-    "evaluation"}``)."""
-    from trainers.parallel import run_job
-    if isinstance(job, EvalJob):
-        return evaluate_job(job)
-    trained = run_job(job.train, progress)
-    if progress is not None:
-        progress(Step("evaluating", None, 0, 0))
-    return {"trained": trained, "evaluation": evaluate_job(job.evaluation)}
 
 
 def cores() -> int:
@@ -498,16 +538,12 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     for stale in (adapters.iterdir() if adapters.is_dir() else []):  # a resumed run's, for envs not made now
         if stale.name not in {env.name for env in envs.values()}:
             shutil.rmtree(stale)
-    results["training"] = {}
     with timed("train"):
-        results["training"].update(train_adapters(cfg, model_dir, envs, adapters, progress))
-    # the baseline gets the adapters' rollouts in all (the iterations bound is only a backstop:
-    # dynamic sampling makes an iteration's rollouts vary)
-    rollouts_adapters = sum(v["rollouts"] for v in results["training"].values())
+        results["training"] = train(cfg, model_dir, target, envs, adapters, out / "grpo_target", progress)
+    rollouts_adapters = sum(v["rollouts"] for k, v in results["training"].items() if k != "grpo_target")
 
-    # 6. evaluate: GRPO on the target trains while the other methods are evaluated beside it, as
-    # many at once as there are cores, then it is evaluated
-    from trainers.parallel import Job, run_many
+    # 6. evaluate: every method on the held-out target tasks, as many at once as there are cores
+    from trainers.parallel import run_many
     from trainers.router import NONE, find_adapters
     methods: dict[str, dict] = {}
     per_task: dict[str, dict[int, float]] = {}
@@ -521,32 +557,20 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
             fam = family_of(a.capability)
             if fam:
                 adapter_of[fam] = a.name
-        iterations = 4 * cfg.iterations * max(1, len(envs))
-        train = Job("GRPO on the target", str(model_dir), str(target), str(out / "grpo_target"),
-                    grpo_config(cfg, iterations, rollouts_adapters or cfg.iterations * 16),
-                    base_model=str(model_dir))
-        baseline = BaselineJob(train.name, train, job("grpo_target", "adapter", out / "grpo_target"), train.out)
-        jobs = [baseline, job("base", "base")]
+        jobs = [job("grpo_target", "adapter", out / "grpo_target"), job("base", "base")]
         if infos:
             jobs += [job("routed", "routed", adapters), job("merged", "merged", adapters)]
             jobs += [job(f"oracle {kind}", "adapter", adapters / adapter_of[kind],
                          [s for s in seeds if kinds[s] == kind])
                      for kind in sorted(set(kinds.values())) if kind in adapter_of]
         n = workers(cfg, len(jobs))
-        progress.say(f"evaluate: {', '.join(j.name for j in jobs[1:])} on {len(seeds)} tasks, beside "
-                     f"GRPO on the target ({train.config.max_rollouts} rollouts, then its evaluation; "
-                     f"{n} at a time)")
+        progress.say(f"evaluate: {', '.join(j.name for j in jobs)} on {len(seeds)} tasks ({n} at a time)")
+        finished: list[str] = []
 
-        def show(name: str, step: Step) -> None:
-            if step.record is not None:  # the baseline's iterations
-                progress.step(step.done, step.total, f"iterations of GRPO on the target, reward "
-                              f"{step.record.reward_mean:.2f}", force=True)
-            elif step.text == "evaluating":
-                progress.say(f"evaluate: GRPO on the target trained; on {len(seeds)} tasks")
-        done = dict(zip((j.name for j in jobs), run_many(stage_job, jobs, n, show, what="evaluate:")))
-        ran = done.pop(baseline.name)
-        results["training"]["grpo_target"] = {"iterations": iterations, **_trained(ran["trained"])}
-        done["grpo_target"] = ran["evaluation"]
+        def ended(name: str, result: dict | None) -> None:
+            finished.append(name)
+            progress.step(len(finished), len(jobs), f"methods evaluated ({name})", force=True)
+        done = dict(zip((j.name for j in jobs), run_many(evaluate_job, jobs, n, what="evaluate:", ended=ended)))
         for name, r in done.items():
             per_task.setdefault(name.split(" ")[0], {}).update({e["seed"]: e["score"] for e in r["episodes"]})
     results["rollouts_per_method"] = {"routed": rollouts_adapters, "merged": rollouts_adapters,
