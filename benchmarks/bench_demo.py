@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 METHODS = ("base", "routed", "merged", "grpo_target", "oracle")
 KEPT = ("seed", "quick", "methods", "identified", "planted", "routing_accuracy",
         "rollouts_per_method", "stages", "wall_s", "training")
+OPTIONAL = ("iteration_alone_s",)
 
 
 def commit() -> str | None:
@@ -53,6 +54,30 @@ def earlier(path: Path, settings: dict) -> dict[int, dict]:
     return {r["seed"]: r for r in old.get("seeds", []) if all(k in r for k in KEPT)}
 
 
+#: iterations of the alone probe (the first, which starts the sandboxes, is not counted)
+PROBE_ITERATIONS = 6
+
+
+def iteration_alone(run_dir: Path, config: dict) -> list[float]:
+    """Seconds of each GRPO iteration (4 x 4) of the run's base agent on its first env, timed
+    alone (one process, the run's threads), the first left out: the goal's measure. In the demo
+    the train stage runs the adapters and the baseline at once (one process more than the cores
+    on a CPU), so an iteration's wall time there is a shared core's."""
+    import tempfile
+    from dataclasses import fields
+
+    sys.path.insert(0, str(REPO))
+    from envforge.demo.config import DemoConfig
+    from envforge.demo.run import grpo_config
+    from trainers.parallel import Job, run_job
+    cfg = DemoConfig(**{f.name: config[f.name] for f in fields(DemoConfig) if f.name in config})
+    env = sorted(p for p in (run_dir / "envs").iterdir() if (p / "env.py").is_file())[0]
+    model = str(run_dir / "base_model")
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_job(Job("probe", model, str(env), tmp, grpo_config(cfg, PROBE_ITERATIONS), base_model=model))
+    return r["seconds_per_iteration"][1:]
+
+
 def goals(runs: list[dict]) -> list[tuple[str, str, bool]]:
     mean = {m: statistics.fmean(r["methods"][m]["mean"] for r in runs) for m in METHODS}
     full = [r for r in runs if not r["quick"]]
@@ -73,10 +98,13 @@ def goals(runs: list[dict]) -> list[tuple[str, str, bool]]:
          ", ".join(f"{r['wall_s'] / 60:.1f} min" for r in runs),
          all(r["wall_s"] < (900 if not r["quick"] else 300) for r in runs)),
     ]
-    iters = [s for r in runs for t in r["training"].values() for s in t["seconds_per_iteration"]]
-    if iters:
-        med = statistics.median(iters)
-        out.append(("one GRPO iteration (4 x 4) <= 10 s", f"median {med:.1f} s over {len(iters)}", med <= 10))
+    alone = [s for r in runs for s in r.get("iteration_alone_s", [])]
+    shared = [s for r in runs for t in r["training"].values() for s in t["seconds_per_iteration"]]
+    if alone:
+        med = statistics.median(alone)
+        out.append(("one GRPO iteration (4 x 4) <= 10 s", f"median {med:.1f} s over {len(alone)}, alone "
+                    f"(in the demo's train stage, jobs sharing the cores: {statistics.median(shared):.1f} s)",
+                    med <= 10))
     return out
 
 
@@ -87,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1, help="seeds run at a time")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "demo"))
+    ap.add_argument("--no-probe", action="store_true", help="skip timing one GRPO iteration alone "
+                    f"({PROBE_ITERATIONS} of them on the first seed's agent, after the runs)")
     a = ap.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -126,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             r["process_wall_s"] = round(time.perf_counter() - t0, 1)
             runs[seed] = r
             print(f"seed {seed}: done in {r['process_wall_s'] / 60:.1f} min", file=sys.stderr)
+    if runs and not a.no_probe:
+        first = min(runs)
+        print(f"timing {PROBE_ITERATIONS} GRPO iterations of seed {first}'s agent alone", file=sys.stderr)
+        runs[first]["iteration_alone_s"] = iteration_alone(Path(a.out) / f"seed{first}", runs[first]["config"])
     path = REPO / "benchmarks" / "results" / "demo.json"
     settings = {"quick": a.quick, "threads": a.threads, "commit": commit()}
     kept = {s: r for s, r in earlier(path, settings).items() if s not in runs}
@@ -151,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "load_avg_at_end": os.getloadavg()},
         **settings, "jobs": a.jobs,
-        "seeds": [{k: r[k] for k in KEPT} for r in runs],
+        "seeds": [{k: r[k] for k in KEPT + OPTIONAL if k in r} for r in runs],
         "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in checked]}, indent=2))
     print(f"\nwrote {path}")
     return 0
