@@ -58,7 +58,7 @@ def earlier(path: Path, settings: dict) -> dict[int, dict]:
 PROBE_ITERATIONS = 6
 
 
-def iteration_alone(run_dir: Path, config: dict) -> list[float]:
+def iteration_alone(run_dir: Path, config: dict, accepted: list[str]) -> list[float]:
     """Seconds of each GRPO iteration (4 x 4) of the run's base agent on its first env, timed
     alone (one process, the run's threads), the first left out: the goal's measure. In the demo
     the train stage runs the adapters and the baseline at once (one process more than the cores
@@ -71,7 +71,7 @@ def iteration_alone(run_dir: Path, config: dict) -> list[float]:
     from envforge.demo.run import grpo_config
     from trainers.parallel import Job, run_job
     cfg = DemoConfig(**{f.name: config[f.name] for f in fields(DemoConfig) if f.name in config})
-    env = sorted(p for p in (run_dir / "envs").iterdir() if (p / "env.py").is_file())[0]
+    env = run_dir / "envs" / accepted[0]
     model = str(run_dir / "base_model")
     with tempfile.TemporaryDirectory() as tmp:
         r = run_job(Job("probe", model, str(env), tmp, grpo_config(cfg, PROBE_ITERATIONS), base_model=model))
@@ -158,8 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: done in {r['process_wall_s'] / 60:.1f} min", file=sys.stderr)
     if runs and not a.no_probe:
         first = min(runs)
-        print(f"timing {PROBE_ITERATIONS} GRPO iterations of seed {first}'s agent alone", file=sys.stderr)
-        runs[first]["iteration_alone_s"] = iteration_alone(Path(a.out) / f"seed{first}", runs[first]["config"])
+        accepted = [s["env"] for s in runs[first].get("synth", []) if s["verdict"] == "accept"]
+        if accepted:
+            print(f"timing {PROBE_ITERATIONS} GRPO iterations of seed {first}'s agent alone", file=sys.stderr)
+            try:  # the runs' results are written whatever happens here
+                runs[first]["iteration_alone_s"] = iteration_alone(Path(a.out) / f"seed{first}",
+                                                                   runs[first]["config"], accepted)
+            except Exception as e:  # noqa: BLE001
+                print(f"the iteration probe failed: {type(e).__name__}: {e}", file=sys.stderr)
     path = REPO / "benchmarks" / "results" / "demo.json"
     settings = {"quick": a.quick, "threads": a.threads, "commit": commit()}
     kept = {s: r for s, r in earlier(path, settings).items() if s not in runs}

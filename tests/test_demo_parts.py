@@ -624,3 +624,23 @@ def test_the_baseline_trains_beside_the_adapters_and_stops_at_their_rollouts(tmp
     assert len(baseline["reward_curve"]) < baseline["iterations"]  # the budget ended it, not the backstop
     shown = [s.text for s in steps]
     assert any("GRPO on the target: reward" in t for t in shown) and any("brevity: reward" in t for t in shown)
+
+
+@pytest.mark.timeout(600)  # a budget left open would leave the baseline waiting for ever
+def test_an_adapter_that_fails_closes_the_baselines_budget(tmp_path):
+    """One adapter's training fails (its env does not exist): the baseline's budget is closed at
+    once, so the baseline stops instead of waiting for rollouts that will never come, and the
+    stage fails naming the adapter, the other adapter trained."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+    from tests.trainers_fixtures import brevity_env, tiny_model_dir
+    from envforge.demo.config import DemoConfig
+    from envforge.demo.run import Tracker, train
+    from trainers.parallel import JobFailed, RolloutBudget
+    model, env = tiny_model_dir(tmp_path), brevity_env(tmp_path / "env")
+    cfg = replace(DemoConfig(), iterations=3, pool_size=4, backend="process", lora_rank=4, max_new_tokens=8)
+    with pytest.raises(JobFailed, match="training missing failed"):
+        train(cfg, model, env, {"missing": tmp_path / "no_env", "brevity": env}, tmp_path / "adapters",
+              tmp_path / "grpo_target", Tracker())
+    assert RolloutBudget(tmp_path / "grpo_target" / "budget.json")() == (0, True)
+    assert (tmp_path / "adapters" / "env" / "adapter_model.safetensors").is_file()

@@ -215,20 +215,17 @@ def test_a_budget_decided_while_the_run_goes_makes_the_run_its_final_number_make
     all, and it ends where ``max_rollouts`` = the final number ends it, every iteration and
     weight the same, its last iteration checkpointed."""
     from trainers import grpo
-    monkeypatch.setattr(grpo, "BUDGET_POLL_S", 0.0)
     alone, done = _train(hermes_dir, env_dir, tmp_path / "alone", 50, config={"max_rollouts": 30})
-    levels, looks, waits, began = [10, 20, 25], [], [], []
+    levels, waits, began = [10, 20, 25], [], []
 
     def budget():
-        """Allowed so far: raised a level on the second look after the run has spent it all
-        (the first look finds it still there: the run waits); final at 30."""
-        while levels and trainer.rollouts_spent() >= levels[0]:
-            looks.append(levels[0])
-            if looks.count(levels[0]) < 2:
-                return levels[0], False
-            waits.append(trainer.rollouts_spent())
-            levels.pop(0)
+        """Allowed so far: a level, raised only while the run waits (below); final at 30."""
         return (levels[0], False) if levels else (30, True)
+
+    def pause():  # the run has spent all it may and waits: the deciding side raises the budget
+        waits.append(trainer.rollouts_spent())
+        levels.pop(0)
+    monkeypatch.setattr(grpo, "_pause", pause)
 
     def iterate(factory, executor, _real=GRPOTrainer.iterate):
         began.append((trainer.rollouts_spent(), trainer.budget()[0]))
@@ -238,7 +235,7 @@ def test_a_budget_decided_while_the_run_goes_makes_the_run_its_final_number_make
                           budget=budget)
     monkeypatch.setattr(trainer, "iterate", iterate)
     result = trainer.train()
-    assert waits, "the run never had to wait for its budget"
+    assert len(waits) == 3 and all(w >= level for w, level in zip(waits, [10, 20, 25]))
     assert all(spent < known for spent, known in began)
     assert [h["episodes"] for h in result.history] == [h["episodes"] for h in done.history]
     assert result.manifest["reward_curve"] == done.manifest["reward_curve"]
@@ -246,6 +243,7 @@ def test_a_budget_decided_while_the_run_goes_makes_the_run_its_final_number_make
     assert all(torch.equal(v, late[k]) for k, v in alone.model.state_dict().items())
     state = json.loads((tmp_path / "late" / "checkpoint" / "state.json").read_text())
     assert state["iteration"] == len(done.history)
+    assert json.loads((tmp_path / "late" / "manifest.json").read_text())["config"]["max_rollouts"] == 30
 
 
 def test_the_expected_length_under_a_budget_follows_the_recent_iterations(hermes_dir, env_dir, tmp_path):

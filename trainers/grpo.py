@@ -33,7 +33,7 @@ import shutil
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -83,6 +83,11 @@ _KEEPS_MASK: dict[tuple[type, type], bool] = {}
 
 #: seconds between two looks at a budget still being decided (``GRPOTrainer.go_on``)
 BUDGET_POLL_S = 0.2
+
+
+def _pause() -> None:
+    """A wait for a budget still being decided to rise."""
+    time.sleep(BUDGET_POLL_S)
 
 
 def keeps_masks(model) -> bool:
@@ -416,6 +421,8 @@ class GRPOTrainer:
                     self._report(Step(str(stats), None, self.iteration, self.expected_iterations(), stats))
                 if saved != self.iteration:  # a budget known late ended it: its last iteration's
                     self.save_checkpoint(factory.env_hash)
+            if self.budget is not None and self.budget()[0] > 0:  # the budget it ran to, in the manifest
+                self.config = replace(self.config, max_rollouts=self.budget()[0])
             if writer is not None:
                 writer.close()
             manifest = self.save_adapter(factory, meta)
@@ -469,7 +476,7 @@ class GRPOTrainer:
             known, final = self.budget()
             if self.rollouts_spent() < known or final:
                 return self.rollouts_spent() < known
-            time.sleep(BUDGET_POLL_S)
+            _pause()
 
     def _report(self, step: Step) -> None:
         if self.progress is not None:

@@ -291,10 +291,10 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
     ``RolloutBudget`` this process raises with each of their iterations and closes when the last
     ends: the baseline never waits for a budget it could not reach, and stops where a run with
     ``max_rollouts`` = their total stops. On a CPU with one thread a job, it is one process more
-    than the cores (each job waits on its sandboxes and its generation in turn; the baseline,
-    alone after the adapters, had left a core idle); the adapters are then those of one run
-    after another, and the baseline the run it makes alone. ``{name: summary}`` with
-    ``"grpo_target"`` for the baseline."""
+    than the cores (on 2 cores as fast as the baseline after the adapters, beside the
+    evaluations; where the cores outnumber the jobs, its training no longer waits for theirs);
+    the adapters are those of one run after another, and the baseline the run it makes alone.
+    ``{name: summary}`` with ``"grpo_target"`` for the baseline."""
     from trainers.parallel import Job, RolloutBudget, run_job, run_many
     iterations = 4 * cfg.iterations * max(1, len(envs))  # the baseline's backstop: its budget ends it
     jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name), grpo_config(cfg, cfg.iterations),
@@ -316,7 +316,9 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
     spent = {j.name: 0 for j in jobs}  # the adapters' rollouts so far
     at = {j.name: 0 for j in jobs}  # their iterations so far
     ended: dict[str, dict | None] = {}
+    closed = []  # the budget is final: nothing more is written to it
     rollouts: list[int] = []  # the baseline's, by iteration
+    shown = [0]  # the total the progress lines show (moved only when 10% off: see count)
 
     def show(name: str, step: Step) -> None:
         if name != BASELINE and step.done is not None:
@@ -328,7 +330,7 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
             what = f"GRPO on the target: reward {step.record.reward_mean:.2f}"
         else:
             spent[name] += step.record.episodes
-            if name not in ended:
+            if not closed:
                 budget.set(sum(spent.values()))
             what = f"{name}: reward {step.record.reward_mean:.2f}"
         progress.step(*count(), f"iterations ({what}, {step.record.tokens_per_s:,.0f} tok/s)", force=True)
@@ -345,7 +347,12 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
             final = sum(spent.values()) if jobs else baseline.config.max_rollouts
         recent = rollouts[-4:]
         left = max(0, final - sum(rollouts))
-        return done + len(rollouts), total + len(rollouts) + math.ceil(left * len(recent) / max(1, sum(recent)))
+        estimate = total + len(rollouts) + math.ceil(left * len(recent) / max(1, sum(recent)))
+        # kept until 10% off or outrun: a total that moves with every step restarts the CLI's
+        # count and its ETA each time
+        if shown[0] <= done + len(rollouts) or abs(estimate - shown[0]) > 0.1 * shown[0]:
+            shown[0] = estimate
+        return done + len(rollouts), shown[0]
 
     def end(name: str, result: dict | None) -> None:
         if name == BASELINE:
@@ -353,8 +360,14 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
         ended[name] = result
         if result is not None:
             spent[name] = result["rollouts"]
-        if len(ended) == len(jobs) or result is None:  # all done (or one failed: the run fails)
+        if closed:
+            return
+        if result is None:  # one failed, so the run fails: the baseline stops at once
+            budget.set(0, final=True)
+            closed.append(name)
+        elif len(ended) == len(jobs):
             budget.set(sum(spent.values()), final=True)
+            closed.append(name)
 
     out = dict(zip((j.name for j in batch), run_many(run_job, batch, n, show, "training", end)))
     summary = {job.name: {"iterations": cfg.iterations, **_trained(out[job.name])} for job in jobs}
