@@ -11,6 +11,7 @@ writes benchmarks/results/demo.json. Seeds that an earlier run of the same setti
 the same commit (a clean tree) are kept there and counted in the table and the goals (a seed
 run again replaces its row): `--seeds 0,1,2` then `--seeds 3,4` give one 5-seed table.
 Timings are wall clock on this machine: on a shared CPU they are inflated (say so when quoting).
+After the runs, the GRPO iteration goal is timed alone (``iteration_alone``; --no-probe skips it).
 """
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ PROBE_ITERATIONS = 6
 
 
 def iteration_alone(run_dir: Path, config: dict, accepted: list[str]) -> list[float]:
-    """Seconds of each GRPO iteration (4 x 4) of the run's base agent on its first env, timed
-    alone (one process, the run's threads), the first left out: the goal's measure. In the demo
+    """Seconds of each GRPO iteration (4 x 4) of the run's base agent on its first accepted env
+    (``accepted``: the env folders' names), timed alone (one process, the run's threads), the
+    first left out: the goal's measure. In the demo
     the train stage runs the adapters and the baseline at once (one process more than the cores
     on a CPU), so an iteration's wall time there is a shared core's."""
     import tempfile

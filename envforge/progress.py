@@ -31,6 +31,13 @@ class Step:
 Progress = Callable[[Step], None]
 
 
+def steady(shown: int, estimate: int, done: int) -> int:
+    """The total to show for a count whose total is an estimate: ``shown`` kept until the count
+    reaches it or ``estimate`` is more than 10% off it (a display begins a count afresh, its ETA
+    too, whenever the total changes, so a total that moved with every step would have none)."""
+    return estimate if shown <= done or abs(estimate - shown) > 0.1 * shown else shown
+
+
 def reporter(progress: Progress | None, item: str | None = None) -> Callable[[str], None]:
     """A ``say(text)`` that sends ``Step(text, item)`` to PROGRESS (does nothing without one)."""
     if progress is None:

@@ -43,7 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from envforge import __version__
 from envforge.errors import UsageError
-from envforge.progress import Progress, Step
+from envforge.progress import Progress, Step, steady
 from sandbox.base import warn_once
 from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
 from trainers.policy import Policy, set_threads
@@ -412,17 +412,17 @@ class GRPOTrainer:
                 while self.iteration < c.iterations and self.go_on():
                     stats = self.iterate(factory, executor)
                     self.history.append(stats.to_dict())
-                    if self.iteration % c.save_every == 0 or self.iteration == c.iterations or \
-                            self.budget_spent():
+                    if self.iteration % c.save_every == 0:
                         self.save_checkpoint(factory.env_hash)
                         saved = self.iteration
                     if writer is not None:
                         track(writer, stats)
                     self._report(Step(str(stats), None, self.iteration, self.expected_iterations(), stats))
-                if saved != self.iteration:  # a budget known late ended it: its last iteration's
+                if saved != self.iteration:  # the last iteration (the iterations or the budget ended it)
                     self.save_checkpoint(factory.env_hash)
-            if self.budget is not None and self.budget()[0] > 0:  # the budget it ran to, in the manifest
-                self.config = replace(self.config, max_rollouts=self.budget()[0])
+            ran_to = self.budget()[0] if self.budget is not None else 0
+            if ran_to > 0:  # the budget it ran to, in the manifest, as max_rollouts would be
+                self.config = replace(self.config, max_rollouts=ran_to)
             if writer is not None:
                 writer.close()
             manifest = self.save_adapter(factory, meta)
@@ -440,11 +440,8 @@ class GRPOTrainer:
             return self.iteration
         recent = [h["episodes"] for h in self.history[-4:]]
         left = math.ceil((most - spent) / (sum(recent) / len(recent)))
-        estimate = min(c.iterations, self.iteration + max(1, left))
-        # kept until the run outlasts it or it is 10% off: a total that moved every iteration
-        # would restart the display's count (and its ETA) every time
-        if self._expected <= self.iteration or abs(estimate - self._expected) > 0.1 * self._expected:
-            self._expected = estimate
+        self._expected = steady(self._expected, min(c.iterations, self.iteration + max(1, left)),
+                                self.iteration)
         return self._expected
 
     def rollouts_spent(self) -> int:

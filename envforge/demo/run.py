@@ -11,8 +11,9 @@ Stages (each timed; see docs/demo.md):
    ``envforge.identify`` (structural labeller) reads them back;
 4. synth: ``synthesize_batch`` (template synthesizer) writes one env per retained capability,
    the gate audits each; ``calibrate`` measures the base agent on each accepted env;
-5. train: one LoRA adapter per env with ``GRPOTrainer`` and, beside them, the baseline: GRPO on the target, for as many rollouts as the adapters take
-   together (a budget raised as they train: ``train``);
+5. train: one LoRA adapter per env with ``GRPOTrainer`` and, beside them, the baseline: GRPO
+   on the target, for as many rollouts as the adapters take together (a budget raised as they
+   train: ``train``);
 6. evaluate on held-out target tasks: base, routed (``RoutedPolicy``), merged
    (``merged_policy``), GRPO on the target, oracle routing (each task kind's own adapter);
 7. report: results.json, figures, one HTML page, a table on stdout.
@@ -31,7 +32,7 @@ from typing import Any
 
 from envforge.demo.config import DemoConfig
 from envforge.errors import UsageError
-from envforge.progress import Progress, Step
+from envforge.progress import Progress, Step, steady
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
@@ -306,8 +307,10 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
                    grpo_config(cfg, iterations, None if jobs else cfg.iterations * 16),
                    base_model=str(model_dir), budget=str(budget.path) if jobs else None)
     n = len(jobs) + 1
-    if cfg.device == "cpu":
-        n = min(n, workers(cfg, len(jobs)) + 1 if cfg.threads == 1 else workers(cfg, n))
+    if cfg.device == "cpu" and cfg.threads == 1:  # one process more than the cores
+        n = min(n, workers(cfg, len(jobs)) + 1)
+    elif cfg.device == "cpu":  # torch's threads spin: no more than fit
+        n = workers(cfg, n)
     # first when it runs beside all the adapters, else last (it may wait on their rollouts: it
     # must not hold a slot an adapter needs)
     batch = [baseline, *jobs] if n >= len(jobs) + 1 else [*jobs, baseline]
@@ -316,9 +319,9 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
     spent = {j.name: 0 for j in jobs}  # the adapters' rollouts so far
     at = {j.name: 0 for j in jobs}  # their iterations so far
     ended: dict[str, dict | None] = {}
-    closed = []  # the budget is final: nothing more is written to it
+    closed = False  # the budget is final: nothing more is written to it
     rollouts: list[int] = []  # the baseline's, by iteration
-    shown = [0]  # the total the progress lines show (moved only when 10% off: see count)
+    shown = 0  # the total the progress lines show (``steady``)
 
     def show(name: str, step: Step) -> None:
         if name != BASELINE and step.done is not None:
@@ -345,16 +348,15 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
         final = sum(spent.values()) * total / done if done else 0
         if len(ended) == len(jobs):
             final = sum(spent.values()) if jobs else baseline.config.max_rollouts
+        nonlocal shown
         recent = rollouts[-4:]
         left = max(0, final - sum(rollouts))
-        estimate = total + len(rollouts) + math.ceil(left * len(recent) / max(1, sum(recent)))
-        # kept until 10% off or outrun: a total that moves with every step restarts the CLI's
-        # count and its ETA each time
-        if shown[0] <= done + len(rollouts) or abs(estimate - shown[0]) > 0.1 * shown[0]:
-            shown[0] = estimate
-        return done + len(rollouts), shown[0]
+        shown = steady(shown, total + len(rollouts) + math.ceil(left * len(recent) / max(1, sum(recent))),
+                       done + len(rollouts))
+        return done + len(rollouts), shown
 
     def end(name: str, result: dict | None) -> None:
+        nonlocal closed
         if name == BASELINE:
             return
         ended[name] = result
@@ -364,10 +366,10 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
             return
         if result is None:  # one failed, so the run fails: the baseline stops at once
             budget.set(0, final=True)
-            closed.append(name)
+            closed = True
         elif len(ended) == len(jobs):
             budget.set(sum(spent.values()), final=True)
-            closed.append(name)
+            closed = True
 
     out = dict(zip((j.name for j in batch), run_many(run_job, batch, n, show, "training", end)))
     summary = {job.name: {"iterations": cfg.iterations, **_trained(out[job.name])} for job in jobs}
