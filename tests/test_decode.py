@@ -40,11 +40,21 @@ def gqa_llama(vocab: int):
         intermediate_size=96, pad_token_id=0)).eval()
 
 
-@pytest.fixture(params=["llama", "qwen2", "llama+lora", "qwen2+lora", "gqa"])
+def peaked(model, scale: float = 30.0):
+    """The model with its output head scaled: peaked distributions, as a trained model's (a random
+    one's are flat, its nucleus past ``decode.TOP_K``: the sort's path only)."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(params=["llama", "qwen2", "llama+lora", "qwen2+lora", "gqa", "peaked", "peaked+lora"])
 def model(request, hermes_dir, llama_dir):  # noqa: F811
     kind = request.param
     policy = load_policy(hermes_dir if kind.startswith("qwen2") else llama_dir)
     m = gqa_llama(len(policy.tokenizer)) if kind == "gqa" else policy.model
+    if kind.startswith("peaked"):
+        m = peaked(m)
     if kind.endswith("+lora"):
         m = lora(m)
     assert decode.supported(m)
@@ -109,6 +119,47 @@ def test_the_tokens_are_generates_from_the_same_seed(model, temperature, top_p):
     assert torch.equal(got, want)
 
 
+def test_peaked_models_take_the_topk_path(llama_dir, monkeypatch):  # noqa: F811
+    policy = load_policy(llama_dir)
+    m = peaked(policy.model)
+    sorts = []
+    real = decode._sorted_nucleus
+    monkeypatch.setattr(decode, "_sorted_nucleus", lambda *a: sorts.append(1) or real(*a))
+    ids, mask = left_padded(policy.pad_id, [5, 12, 8], m.config.vocab_size, seed=4)
+    out = decode.sample(m, ids, mask, max_new_tokens=12, stop_ids=[], pad_id=policy.pad_id, top_p=0.9)
+    assert out.shape[1] == 12 and len(sorts) < 12  # most steps found their nucleus in the top k
+
+
+@pytest.mark.parametrize("n,stops", [(1, 1), (16, 1), (16, 3)])
+def test_sampled_rows_stop_as_generates_do(llama_dir, n, stops):  # noqa: F811
+    """Stop ids the model draws often (rows end at different steps, some at the first, all before
+    the cap, or the cap at one token): the same tokens as ``generate`` from each seed."""
+    policy = load_policy(llama_dir)
+    m = peaked(policy.model, 8.0)
+    ids, mask = left_padded(policy.pad_id, [5, 8, 3, 10], m.config.vocab_size, seed=3)
+    torch.manual_seed(0)
+    free = decode.sample(m, ids, mask, max_new_tokens=16, stop_ids=[], pad_id=policy.pad_id, top_p=0.9)
+    values, counts = free.unique(return_counts=True)
+    stop_ids = values[counts.argsort(descending=True)[:stops]].tolist()
+    ended = 0
+    for seed in range(6):
+        torch.manual_seed(seed)
+        want = generate(m, policy, ids, mask, n, stop_ids=stop_ids, temperature=1.0, top_p=0.9)
+        torch.manual_seed(seed)
+        got = decode.sample(m, ids, mask, max_new_tokens=n, stop_ids=stop_ids, pad_id=policy.pad_id,
+                            temperature=1.0, top_p=0.9)
+        assert torch.equal(got, want), seed
+        ended += int(torch.isin(got, torch.tensor(stop_ids)).any(-1).sum())
+    assert ended > 0 or n == 1  # rows did stop (at one token, the cap ends them)
+
+
+def test_no_new_tokens_is_refused(llama_dir):  # noqa: F811
+    policy = load_policy(llama_dir)
+    ids, mask = left_padded(policy.pad_id, [4], policy.model.config.vocab_size)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decode.sample(policy.model, ids, mask, max_new_tokens=0, stop_ids=policy.stop_ids, pad_id=policy.pad_id)
+
+
 def test_rows_stop_at_their_stop_token_padded_after(llama_dir):  # noqa: F811
     policy = load_policy(llama_dir)
     m = policy.model
@@ -117,9 +168,6 @@ def test_rows_stop_at_their_stop_token_padded_after(llama_dir):  # noqa: F811
     stop = int(free[0, 2])  # row 0's third greedy token ends its turn
     got = decode.sample(m, ids, mask, max_new_tokens=6, stop_ids=[stop], pad_id=policy.pad_id, temperature=0)
     assert torch.equal(got, generate(m, policy, ids, mask, 6, stop_ids=[stop]))
-    first = next(i for i, t in enumerate(got[0].tolist()) if t == stop)
-    assert first <= 2 and all(t == policy.pad_id for t in got[0, first + 1:].tolist())
-    assert got.shape[1] <= 6
 
 
 @pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat (nucleus past TOP_K: the sort), peaked
@@ -131,6 +179,34 @@ def test_the_nucleus_is_the_set_transformers_keeps(scale, top_p):
     got = decode.nucleus(scores.clone(), top_p)
     assert torch.equal(torch.isfinite(got), torch.isfinite(want))
     assert torch.equal(got[torch.isfinite(got)], scores[torch.isfinite(got)])
+
+
+def test_prompt_learning_adapters_are_not_taken(llama_dir):  # noqa: F811
+    """The loop runs the wrapped model's modules: virtual tokens a prompt-learning adapter adds
+    before the input would be lost, so such a model keeps ``generate``."""
+    from peft import PromptTuningConfig, get_peft_model
+    policy = load_policy(llama_dir)
+    m = get_peft_model(policy.model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)).eval()
+    assert not decode.supported(m)
+    assert decode.supported(lora(load_policy(llama_dir).model))
+
+
+def test_the_checkpoints_sampling_settings_are_not_applied(llama_dir, monkeypatch):  # noqa: F811
+    """``Policy.generate`` samples the model's own distribution (temperature and top-p only), as
+    GRPO's loss assumes: a checkpoint's repetition penalty or suppressed tokens are not applied,
+    on either path."""
+    policy = load_policy(llama_dir)
+    ids = [policy.encode("hello please confirm the ticket")]
+    plain = [g.tokens for g in policy.generate(ids, max_new_tokens=32, temperature=0)]
+    policy.model.generation_config.repetition_penalty = 3.0
+    policy.model.generation_config.suppress_tokens = [plain[0][0]]  # its first token, banned
+    assert [g.tokens for g in policy.generate(ids, max_new_tokens=32, temperature=0)] == plain
+    monkeypatch.setattr(decode, "supported", lambda model: False)  # transformers' generate
+    assert [g.tokens for g in policy.generate(ids, max_new_tokens=32, temperature=0)] == plain
+    with torch.no_grad():  # what the checkpoint's settings do there: another answer
+        penalized = policy.model.generate(input_ids=torch.tensor(ids), max_new_tokens=32, do_sample=False,
+                                          pad_token_id=policy.pad_id)
+    assert penalized[0, len(ids[0]):].tolist() != plain[0]
 
 
 def test_other_models_are_not_taken_and_policy_falls_back(hermes_dir, monkeypatch):  # noqa: F811

@@ -11,12 +11,15 @@ replaces is the cache (a buffer per layer, filled in place), the attention of a 
 (masked matmul and softmax instead of the fused kernel) and the nucleus (its top tokens, from a
 ``topk``; a full sort only when those do not hold ``top_p`` of the mass).
 
-The prompt's logits are the model's forward's, bit for bit; a decoding step's attention is summed
-in another order than the fused kernel's, so its logits can differ in the last bits. The nucleus
-is the set transformers' top-p keeps and the draw is the same ``multinomial`` over the same
-probabilities, so from the same seed the tokens have been ``generate``'s: in the tests
-(tests/test_decode.py) and on the demo's model (64 contexts, 5 seeds, every token the same). A
-last-bit difference that tips a draw would make another sample of the same distribution.
+The logits are the model's forward's to float rounding (the prompt's mostly bit for bit; a
+decoding step's attention is summed in another order than the fused kernel's). The nucleus is
+the set transformers' top-p keeps and the draw is the same ``multinomial`` over the same
+probabilities, so from the same seed a float32 model has drawn ``generate``'s tokens: in the
+tests (tests/test_decode.py) and on the demo's model (every batch measured). A last-bit
+difference that tips a draw (more likely in bfloat16: 6 of 8 batches the same in one check)
+makes another sample of the same distribution. ``Policy.generate`` samples with temperature and
+top-p alone on both paths (a checkpoint's ``generation_config``, its repetition penalty say, is
+not applied: GRPO's loss scores the model's own distribution).
 ``supported`` says which models take this path; ``Policy.generate`` uses ``generate`` for the rest
 (and on a GPU).
 """
@@ -40,7 +43,11 @@ def _inner(model: Any) -> Any:
 
 def supported(model: Any) -> bool:
     """Whether ``sample`` runs this model: a CPU one of a type in ``TYPES``, full attention, no
-    per-head q/k norms, no logit soft-capping."""
+    per-head q/k norms, no logit soft-capping, no peft adapter but LoRA ones (a prompt-learning
+    adapter's virtual tokens go in front of the input, which the loop would not see)."""
+    adapters = getattr(model, "peft_config", None) or {}
+    if any(getattr(c.peft_type, "value", c.peft_type) != "LORA" for c in adapters.values()):
+        return False
     m = _inner(model)
     cfg = getattr(m, "config", None)
     body = getattr(m, "model", None)
@@ -127,7 +134,8 @@ class _Decoder:
 def nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """``scores`` with every token outside each row's nucleus at -inf: the fewest top tokens whose
     probability reaches ``top_p`` (a token is kept while the mass ranked above it is below
-    ``top_p``; the top one always), the set transformers' ``TopPLogitsWarper`` keeps."""
+    ``top_p``; the top one always), the set transformers' ``TopPLogitsWarper`` keeps (of tied logits at its edge,
+    perhaps others)."""
     k = min(TOP_K, scores.shape[-1])
     top, idx = torch.topk(scores, k)
     p = (top - scores.logsumexp(-1, keepdim=True)).exp()
@@ -136,6 +144,11 @@ def nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         keep = above < top_p
         keep[:, 0] = True
         return torch.full_like(scores, float("-inf")).scatter(1, idx, top.masked_fill(~keep, float("-inf")))
+    return _sorted_nucleus(scores, top_p)
+
+
+def _sorted_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``nucleus`` over the whole vocabulary, sorted (a flat distribution's)."""
     ordered, order = torch.sort(scores, descending=True)
     p = ordered.softmax(-1)
     keep = p.cumsum(-1) - p < top_p
@@ -149,6 +162,8 @@ def sample(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens:
     """Up to ``max_new_tokens`` tokens after each left-padded row of ``ids`` (``mask``: 1 at
     tokens): (batch x steps), a row's tokens after its stop token set to ``pad_id``, as
     ``generate`` returns them. ``temperature`` 0 is greedy. Uses torch's global generator."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
     b, width = ids.shape
     decode = _Decoder(model, b, width + max_new_tokens)
     real = mask.bool()

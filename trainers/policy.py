@@ -237,7 +237,8 @@ class Policy:
         """Sample one turn for each context (token lists), batched with left padding. Uses
         torch's global generator: seed it (torch.manual_seed) for reproducible samples. A small
         Llama-family model on a CPU samples in ``trainers.decode``'s loop, any other through
-        transformers' ``generate``."""
+        transformers' ``generate``; either way with ``temperature`` and ``top_p`` alone (the
+        checkpoint's own generation settings are not applied)."""
         if not contexts:
             return []
         width = max(len(c) for c in contexts)
@@ -251,12 +252,19 @@ class Policy:
         if decoding.supported(self.model):  # a small Llama-family model on a CPU: the faster loop
             out = decoding.sample(self.model, ids, mask, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
                                 pad_id=self.pad_id, temperature=temperature, top_p=top_p)
-        else:
-            kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
-                else dict(do_sample=False)
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
-                                      pad_token_id=self.pad_id, **kwargs)[:, width:]
+        else:  # these settings alone, not the checkpoint's generation_config (a repetition
+            # penalty, say): the model's own distribution, the one GRPO's loss scores, as in the loop
+            from transformers import GenerationConfig
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
+                if temperature > 0 else dict(do_sample=False)
+            inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            saved, inner.generation_config = inner.generation_config, GenerationConfig()
+            try:
+                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                          max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
+                                          pad_token_id=self.pad_id, **sampling)[:, width:]
+            finally:
+                inner.generation_config = saved
         if was_training:
             self.model.train()
         gens = []
