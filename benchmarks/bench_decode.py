@@ -2,12 +2,14 @@
 ``Policy.generate`` uses for a small Llama-family model on a CPU), on the same batches from the
 same seeds, and whether the two sampled the same tokens.
 
-    .venv/bin/python benchmarks/bench_decode.py [--model DIR] [--rounds 5] [--batch 8] [--out benchmarks/results/decode.json]
+    .venv/bin/python benchmarks/bench_decode.py [--model DIR] [--lora] [--rounds 5] [--batch 8]
+                                                [--out benchmarks/results/decode.json]
 
 Without ``--model``: a model of the demo's small shape (Llama, 128 wide, 3 layers, a 1,435-token
 vocabulary) with random weights, its output head scaled so that its distributions are as peaked
 as a trained model's (a random model's are flat, and its nucleus would be most of the
-vocabulary). ``--model``: a local model folder (a demo run's ``base_model``, say). 64 contexts of
+vocabulary). ``--model``: a local model folder (a demo run's ``base_model``, say). ``--lora``: a
+random LoRA adapter on it (rank 8 on every linear layer, as the demo's adapters). 64 contexts of
 120-200 tokens, batches of ``--batch``, 64 new tokens at most, temperature 1, top-p 0.9, one
 torch thread. Rounds alternate the two ways, so load hits both alike; the table shows the best
 and the median round. Prints a Markdown table and writes JSON.
@@ -93,6 +95,7 @@ def tokens(out, stops) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a local model folder (default: a random one of the demo's shape)")
+    ap.add_argument("--lora", action="store_true", help="a random rank-8 LoRA adapter on every linear layer")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "decode.json"))
@@ -100,6 +103,11 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         policy = load_policy(a.model or demo_shaped(Path(tmp)))
+    if a.lora:
+        from peft import LoraConfig, get_peft_model
+        torch.manual_seed(0)
+        policy.model = get_peft_model(policy.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                               init_lora_weights=False)).eval()
     if not decode.supported(policy.model):
         sys.exit(f"error: {a.model} is not a model trainers.decode runs (see decode.supported)")
     work = list(batches(policy, a.batch))
@@ -118,7 +126,8 @@ def main() -> None:
     rows = {name: {"best_s": min(v), "median_s": statistics.median(v),
                    "ms_per_step": 1000 * min(v) / steps, "tokens_per_s": count / min(v)}
             for name, v in seconds.items()}
-    result = {"model": a.model or "random, the demo's small shape", "batch": a.batch, "rounds": a.rounds,
+    result = {"model": a.model or "random, the demo's small shape", "lora": a.lora, "batch": a.batch,
+              "rounds": a.rounds,
               "contexts": CONTEXTS, "max_new_tokens": NEW, "threads": 1, "steps": steps, "tokens": count,
               "identical_batches": sum(same), "batches": len(same),
               "speedup": rows["generate"]["best_s"] / rows["loop"]["best_s"], "rows": rows,

@@ -70,6 +70,9 @@ def forward_last(model, ids, mask):
 def test_logits_are_the_models_forward_prompt_and_steps(model):
     m, policy = model
     vocab = m.config.vocab_size
+    layer = decode._inner(m).model.layers[0]
+    assert decode._plan(layer.self_attn.q_proj) is not None  # applied as sums, not module calls
+    assert len(decode._plan(layer.self_attn.q_proj)[2]) == (1 if hasattr(m, "peft_config") else 0)
     ids, mask = left_padded(policy.pad_id, [9, 4, 13], vocab)
     dec = decode._Decoder(m, 3, ids.shape[1] + 4)
     with torch.no_grad():
@@ -96,6 +99,35 @@ def test_a_disabled_adapter_gives_the_base_logits(hermes_dir):  # noqa: F811
             without = decode._Decoder(m, 2, 12)(ids, (mask.cumsum(-1) - 1).clamp(min=0), mask.bool())
     assert torch.allclose(without, base, atol=1e-5)
     assert not torch.allclose(with_adapter, base, atol=1e-3)  # the adapter did change them
+
+
+@pytest.mark.parametrize("variant", ["second of two active", "merged", "dora", "dropout"])
+def test_adapters_the_loop_applies_itself_or_leaves_to_the_module(llama_dir, variant):  # noqa: F811
+    """A projection with vanilla LoRA adapters is applied as its forward's sums (the active
+    adapter's only); merged, DoRA or dropout adapters go through the module: the logits are the
+    forward's either way."""
+    from peft import LoraConfig, get_peft_model
+    policy = load_policy(llama_dir)
+    torch.manual_seed(1)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
+                        use_dora=variant == "dora", lora_dropout=0.1 if variant == "dropout" else 0.0)
+    m = get_peft_model(policy.model, config)
+    if variant == "second of two active":
+        m.add_adapter("second", LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False))
+        m.set_adapter("second")
+    m.eval()
+    if variant == "merged":
+        m.merge_adapter()
+    q = m.get_base_model().model.layers[0].self_attn.q_proj
+    plan = decode._plan(q)
+    if variant == "second of two active":
+        assert plan is not None and len(plan[2]) == 1 and plan[2][0][0] is q.lora_A["second"].weight
+    else:
+        assert plan is None
+    ids, mask = left_padded(policy.pad_id, [6, 10], m.config.vocab_size, seed=5)
+    with torch.no_grad():
+        got = decode._Decoder(m, 2, 12)(ids, (mask.cumsum(-1) - 1).clamp(min=0), mask.bool())
+    assert torch.allclose(got, forward_last(m, ids, mask), atol=1e-5)
 
 
 def generate(m, policy, ids, mask, n, stop_ids=None, **kw):

@@ -5,11 +5,13 @@ On a CPU a small model's decoding is bound by per-step overheads, not arithmetic
 6.4 ms a step, much of it in its cache's concatenations, the fused attention kernel's mask
 handling and top-p's sort of the whole vocabulary; this loop 4.4 ms (benchmarks/bench_decode.py,
 docs/benchmarks.md). It runs the model's own
-modules (embeddings, norms, projections with any LoRA adapter peft put in them, MLPs, rotary
-embedding, head), so an active, disabled or merged adapter acts as in the model's forward; what it
-replaces is the cache (a buffer per layer, filled in place), the attention of a decoding step
-(masked matmul and softmax instead of the fused kernel) and the nucleus (its top tokens, from a
-``topk``; a full sort only when those do not hold ``top_p`` of the mass).
+modules (embeddings, norms, rotary embedding, activations, head) and weights: a projection, plain
+or with peft's LoRA adapters, is applied as ``F.linear`` sums, the very ones its forward makes,
+without its module calls (a LoRA'd policy's adapters add three to each); a disabled, merged or
+other kind of adapter goes through the module. What it replaces is the cache (a buffer per layer,
+filled in place), the attention of a decoding step (masked matmul and softmax instead of the fused
+kernel) and the nucleus (its top tokens, from a ``topk``; a full sort only when those do not hold
+``top_p`` of the mass).
 
 The logits are the model's forward's to float rounding (the prompt's mostly bit for bit; a
 decoding step's attention is summed in another order than the fused kernel's). The nucleus is
@@ -69,6 +71,39 @@ def supported(model: Any) -> bool:
                for layer in body.layers)
 
 
+def _plan(linear: Any) -> tuple | None:
+    """How to apply a projection without its module calls: ``(weight, bias, ((A, B, scaling),
+    ...))`` for a plain ``nn.Linear`` or a peft LoRA one (its active adapters, vanilla LoRA
+    without dropout: exactly the sums its forward makes), None to call the module itself (any
+    other case: disabled or merged adapters, DoRA and other variants, quantized layers, a cast)."""
+    if type(linear) is torch.nn.Linear:
+        return linear.weight, linear.bias, ()
+    base = getattr(linear, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(linear, "lora_A"):
+        return None
+    if linear.disable_adapters or linear.merged or linear.lora_variant:
+        return None
+    extra = []
+    for name in linear.active_adapters:
+        if name not in linear.lora_A.keys():
+            continue
+        a, b = linear.lora_A[name], linear.lora_B[name]
+        if not isinstance(linear.lora_dropout[name], torch.nn.Identity) or a.weight.dtype != base.weight.dtype:
+            return None
+        extra.append((a.weight, b.weight, linear.scaling[name]))
+    return base.weight, base.bias, tuple(extra)
+
+
+def _project(module: Any, plan: tuple | None, x: torch.Tensor) -> torch.Tensor:
+    if plan is None:
+        return module(x)
+    weight, bias, adapters = plan
+    out = F.linear(x, weight, bias)
+    for a, b, scaling in adapters:
+        out = out + F.linear(F.linear(x, a), b) * scaling
+    return out
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -91,6 +126,14 @@ class _Decoder:
         self.v = [torch.zeros(shape, dtype=dtype) for _ in self.body.layers]
         self.keys = torch.zeros(batch, length, dtype=torch.bool)  # which cache positions are tokens
         self.filled = 0
+        # each layer's projections, applied without their module calls where that is exact (a
+        # LoRA'd policy's adapters add three calls to each); these types' MLPs are
+        # down(act(gate(x)) * up(x))
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        self.plans = [{n: (getattr(layer.self_attn, n), _plan(getattr(layer.self_attn, n))) for n in names}
+                      | {n: (getattr(layer.mlp, n), _plan(getattr(layer.mlp, n))) for n in
+                         ("gate_proj", "up_proj", "down_proj") if hasattr(layer.mlp, n)}
+                      for layer in self.body.layers]
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after the last of ``ids`` (batch x n new tokens at ``positions``;
@@ -109,12 +152,15 @@ class _Decoder:
             own[torch.arange(n), torch.arange(start, end)] = True
             mask = (self.keys[:, None, None, :end] & causal) | own
         for i, layer in enumerate(self.body.layers):
-            a = layer.self_attn
+            p = self.plans[i]
+
+            def proj(name: str, v: torch.Tensor) -> torch.Tensor:
+                return _project(*p[name], v)
             h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(b, n, self.heads, self.dim).transpose(1, 2)
-            k = a.k_proj(h).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
+            q = proj("q_proj", h).view(b, n, self.heads, self.dim).transpose(1, 2)
+            k = proj("k_proj", h).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
             self.k[i][:, :, start:end] = _rotate(k, cos, sin)
-            self.v[i][:, :, start:end] = a.v_proj(h).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
+            self.v[i][:, :, start:end] = proj("v_proj", h).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
             q, keys, values = _rotate(q, cos, sin), self.k[i][:, :, :end], self.v[i][:, :, :end]
             if n == 1:  # a decoding step: (b, kv heads, group, 1, dim) against the cache
                 q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads, self.dim)
@@ -125,8 +171,12 @@ class _Decoder:
                 if g > 1:
                     keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-            x = x + a.o_proj(out.reshape(b, self.heads, n, self.dim).transpose(1, 2).reshape(b, n, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + proj("o_proj", out.reshape(b, self.heads, n, self.dim).transpose(1, 2).reshape(b, n, -1))
+            h = layer.post_attention_layernorm(x)
+            if len(p) == 7:
+                x = x + proj("down_proj", layer.mlp.act_fn(proj("gate_proj", h)) * proj("up_proj", h))
+            else:
+                x = x + layer.mlp(h)
         self.filled = end
         return self.head(self.body.norm(x[:, -1:]))[:, 0].float()
 
