@@ -101,7 +101,7 @@ def test_a_disabled_adapter_gives_the_base_logits(hermes_dir):  # noqa: F811
     assert not torch.allclose(with_adapter, base, atol=1e-3)  # the adapter did change them
 
 
-@pytest.mark.parametrize("variant", ["second of two active", "merged", "dora", "dropout"])
+@pytest.mark.parametrize("variant", ["second of two active", "merged", "dora", "dropout", "lora bias"])
 def test_adapters_the_loop_applies_itself_or_leaves_to_the_module(llama_dir, variant):  # noqa: F811
     """A projection with vanilla LoRA adapters is applied as its forward's sums (the active
     adapter's only); merged, DoRA or dropout adapters go through the module: the logits are the
@@ -110,7 +110,8 @@ def test_adapters_the_loop_applies_itself_or_leaves_to_the_module(llama_dir, var
     policy = load_policy(llama_dir)
     torch.manual_seed(1)
     config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
-                        use_dora=variant == "dora", lora_dropout=0.1 if variant == "dropout" else 0.0)
+                        use_dora=variant == "dora", lora_dropout=0.1 if variant == "dropout" else 0.0,
+                        lora_bias=variant == "lora bias")
     m = get_peft_model(policy.model, config)
     if variant == "second of two active":
         m.add_adapter("second", LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False))
@@ -118,6 +119,11 @@ def test_adapters_the_loop_applies_itself_or_leaves_to_the_module(llama_dir, var
     m.eval()
     if variant == "merged":
         m.merge_adapter()
+    if variant == "lora bias":  # peft starts B's bias at zero: give it a value
+        with torch.no_grad():
+            for mod in m.modules():
+                if getattr(mod, "bias", None) is not None and type(mod) is torch.nn.Linear:
+                    mod.bias.normal_()
     q = m.get_base_model().model.layers[0].self_attn.q_proj
     plan = decode._plan(q)
     if variant == "second of two active":
@@ -128,6 +134,18 @@ def test_adapters_the_loop_applies_itself_or_leaves_to_the_module(llama_dir, var
     with torch.no_grad():
         got = decode._Decoder(m, 2, 12)(ids, (mask.cumsum(-1) - 1).clamp(min=0), mask.bool())
     assert torch.allclose(got, forward_last(m, ids, mask), atol=1e-5)
+
+
+def test_peft_parameter_adapters_go_through_their_module(llama_dir):  # noqa: F811
+    """An adapter on a weight (``target_parameters``: peft adds B·A to the weight, another sum)
+    is not applied as the LoRA sums."""
+    from peft import LoraConfig, get_peft_model
+    policy = load_policy(llama_dir)
+    torch.manual_seed(2)
+    m = get_peft_model(policy.model, LoraConfig(r=4, target_modules=[], init_lora_weights=False,
+                                                target_parameters=["self_attn.q_proj.weight"])).eval()
+    q = m.get_base_model().model.layers[0].self_attn.q_proj
+    assert type(q).__name__ != "Linear" and decode._plan(q) is None
 
 
 def generate(m, policy, ids, mask, n, stop_ids=None, **kw):

@@ -74,12 +74,17 @@ def supported(model: Any) -> bool:
 def _plan(linear: Any) -> tuple | None:
     """How to apply a projection without its module calls: ``(weight, bias, ((A, B, scaling),
     ...))`` for a plain ``nn.Linear`` or a peft LoRA one (its active adapters, vanilla LoRA
-    without dropout: exactly the sums its forward makes), None to call the module itself (any
-    other case: disabled or merged adapters, DoRA and other variants, quantized layers, a cast)."""
+    without dropout or bias: exactly the sums its forward makes), None to call the module itself
+    (any other case: disabled or merged adapters, DoRA and other variants, ``lora_bias``, peft's
+    other layer kinds such as ``ParamWrapper``, quantized layers, a cast)."""
     if type(linear) is torch.nn.Linear:
         return linear.weight, linear.bias, ()
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:  # no peft: no adapters
+        return None
     base = getattr(linear, "base_layer", None)
-    if type(base) is not torch.nn.Linear or not hasattr(linear, "lora_A"):
+    if type(linear) is not LoraLinear or type(base) is not torch.nn.Linear:  # not subclasses (ParamWrapper)
         return None
     if linear.disable_adapters or linear.merged or linear.lora_variant:
         return None
@@ -88,7 +93,8 @@ def _plan(linear: Any) -> tuple | None:
         if name not in linear.lora_A.keys():
             continue
         a, b = linear.lora_A[name], linear.lora_B[name]
-        if not isinstance(linear.lora_dropout[name], torch.nn.Identity) or a.weight.dtype != base.weight.dtype:
+        if not isinstance(linear.lora_dropout[name], torch.nn.Identity) or a.weight.dtype != base.weight.dtype \
+                or a.bias is not None or b.bias is not None:  # lora_bias: B's bias, scaled, is in the sum
             return None
         extra.append((a.weight, b.weight, linear.scaling[name]))
     return base.weight, base.bias, tuple(extra)
