@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from trainers import decode  # noqa: E402
 from trainers.policy import load_policy  # noqa: E402
@@ -131,8 +133,8 @@ def main() -> None:
               "contexts": CONTEXTS, "max_new_tokens": NEW, "threads": 1, "steps": steps, "tokens": count,
               "identical_batches": sum(same), "batches": len(same),
               "speedup": rows["generate"]["best_s"] / rows["loop"]["best_s"], "rows": rows,
-              "machine": platform.platform(), "cpu_count": __import__("os").cpu_count(),
-              "torch": torch.__version__, "transformers": __import__("transformers").__version__}
+              "machine": platform.platform(), "cpu_count": os.cpu_count(),
+              "torch": torch.__version__, "transformers": transformers.__version__}
     print(f"| sampling ({CONTEXTS} contexts, batches of {a.batch}, 1 thread) | best s | median s | ms a step "
           "| tokens/s |")
     print("|---|---|---|---|---|")

@@ -70,7 +70,7 @@ def forward_last(model, ids, mask):
 def test_logits_are_the_models_forward_prompt_and_steps(model):
     m, policy = model
     vocab = m.config.vocab_size
-    layer = decode._inner(m).model.layers[0]
+    layer = decode.unwrapped(m).model.layers[0]
     assert decode._plan(layer.self_attn.q_proj) is not None  # applied as sums, not module calls
     assert len(decode._plan(layer.self_attn.q_proj)[2]) == (1 if hasattr(m, "peft_config") else 0)
     ids, mask = left_padded(policy.pad_id, [9, 4, 13], vocab)

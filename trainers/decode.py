@@ -4,14 +4,13 @@ On a CPU a small model's decoding is bound by per-step overheads, not arithmetic
 0.8M-parameter model (batches of 8, 120-200-token contexts, one thread), ``generate`` spent
 6.4 ms a step, much of it in its cache's concatenations, the fused attention kernel's mask
 handling and top-p's sort of the whole vocabulary; this loop 4.4 ms (benchmarks/bench_decode.py,
-docs/benchmarks.md). It runs the model's own
-modules (embeddings, norms, rotary embedding, activations, head) and weights: a projection, plain
-or with peft's LoRA adapters, is applied as ``F.linear`` sums, the very ones its forward makes,
-without its module calls (a LoRA'd policy's adapters add three to each); a disabled, merged or
-other kind of adapter goes through the module. What it replaces is the cache (a buffer per layer,
-filled in place), the attention of a decoding step (masked matmul and softmax instead of the fused
-kernel) and the nucleus (its top tokens, from a ``topk``; a full sort only when those do not hold
-``top_p`` of the mass).
+docs/benchmarks.md). It runs the model's own modules (embeddings, norms, rotary embedding,
+activations, head) and weights: a projection, plain or with peft's LoRA adapters, is applied as
+the ``F.linear`` sums its forward makes, without its module calls (a LoRA'd policy's adapters add
+three to each); a disabled, merged or other kind of adapter goes through the module. What it
+replaces is the cache (a buffer per layer, filled in place), the attention of a decoding step
+(masked matmul and softmax instead of the fused kernel) and the nucleus (its top tokens, from a
+``topk``; a full sort only when those do not hold ``top_p`` of the mass).
 
 The logits are the model's forward's to float rounding (the prompt's mostly bit for bit; a
 decoding step's attention is summed in another order than the fused kernel's). The nucleus is
@@ -19,11 +18,9 @@ the set transformers' top-p keeps and the draw is the same ``multinomial`` over 
 probabilities, so from the same seed a float32 model has drawn ``generate``'s tokens: in the
 tests (tests/test_decode.py) and on the demo's model (every batch measured). A last-bit
 difference that tips a draw (more likely in bfloat16: 6 of 8 batches the same in one check)
-makes another sample of the same distribution. ``Policy.generate`` samples with temperature and
-top-p alone on both paths (a checkpoint's ``generation_config``, its repetition penalty say, is
-not applied: GRPO's loss scores the model's own distribution).
-``supported`` says which models take this path; ``Policy.generate`` uses ``generate`` for the rest
-(and on a GPU).
+makes another sample of the same distribution. ``supported`` says which models take this path;
+``Policy.generate`` uses ``generate`` for the rest (and on a GPU), with the same sampling
+settings alone.
 """
 from __future__ import annotations
 
@@ -36,9 +33,10 @@ import torch.nn.functional as F
 #: with rotary positions and full attention
 TYPES = ("llama", "mistral", "qwen2")
 TOP_K = 64  # the nucleus is looked for among this many tokens first
+MLP = ("gate_proj", "up_proj", "down_proj")  # these types' MLPs: down(act(gate(x)) * up(x))
 
 
-def _inner(model: Any) -> Any:
+def unwrapped(model: Any) -> Any:
     """The transformers model under a peft wrapper (its modules keep the adapters)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -50,7 +48,7 @@ def supported(model: Any) -> bool:
     adapters = getattr(model, "peft_config", None) or {}
     if any(getattr(c.peft_type, "value", c.peft_type) != "LORA" for c in adapters.values()):
         return False
-    m = _inner(model)
+    m = unwrapped(model)
     cfg = getattr(m, "config", None)
     body = getattr(m, "model", None)
     if cfg is None or body is None or getattr(cfg, "model_type", None) not in TYPES:
@@ -119,7 +117,7 @@ class _Decoder:
     """One batch's forward passes: the prompt, then a token per row at a time."""
 
     def __init__(self, model: Any, batch: int, length: int):
-        m = _inner(model)
+        m = unwrapped(model)
         self.body, self.head, cfg = m.model, m.lm_head, m.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -133,13 +131,13 @@ class _Decoder:
         self.keys = torch.zeros(batch, length, dtype=torch.bool)  # which cache positions are tokens
         self.filled = 0
         # each layer's projections, applied without their module calls where that is exact (a
-        # LoRA'd policy's adapters add three calls to each); these types' MLPs are
-        # down(act(gate(x)) * up(x))
-        names = ("q_proj", "k_proj", "v_proj", "o_proj")
-        self.plans = [{n: (getattr(layer.self_attn, n), _plan(getattr(layer.self_attn, n))) for n in names}
-                      | {n: (getattr(layer.mlp, n), _plan(getattr(layer.mlp, n))) for n in
-                         ("gate_proj", "up_proj", "down_proj") if hasattr(layer.mlp, n)}
-                      for layer in self.body.layers]
+        # LoRA'd policy's adapters add three calls to each); an MLP of another form is called whole
+        self.plans = []
+        for layer in self.body.layers:
+            parts = {n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+            if all(hasattr(layer.mlp, n) for n in MLP):
+                parts |= {n: getattr(layer.mlp, n) for n in MLP}
+            self.plans.append({n: (module, _plan(module)) for n, module in parts.items()})
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """Logits (float32) after the last of ``ids`` (batch x n new tokens at ``positions``;
@@ -179,7 +177,7 @@ class _Decoder:
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
             x = x + proj("o_proj", out.reshape(b, self.heads, n, self.dim).transpose(1, 2).reshape(b, n, -1))
             h = layer.post_attention_layernorm(x)
-            if len(p) == 7:
+            if MLP[0] in p:
                 x = x + proj("down_proj", layer.mlp.act_fn(proj("gate_proj", h)) * proj("up_proj", h))
             else:
                 x = x + layer.mlp(h)
@@ -190,8 +188,8 @@ class _Decoder:
 def nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """``scores`` with every token outside each row's nucleus at -inf: the fewest top tokens whose
     probability reaches ``top_p`` (a token is kept while the mass ranked above it is below
-    ``top_p``; the top one always), the set transformers' ``TopPLogitsWarper`` keeps (of tied logits at its edge,
-    perhaps others)."""
+    ``top_p``; the top one always), the set transformers' ``TopPLogitsWarper`` keeps (of tied
+    logits at its edge, perhaps others)."""
     k = min(TOP_K, scores.shape[-1])
     top, idx = torch.topk(scores, k)
     p = (top - scores.logsumexp(-1, keepdim=True)).exp()
@@ -244,4 +242,4 @@ def sample(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens:
             break
         logits = decode(token[:, None], nxt, torch.ones(b, 1, dtype=torch.bool))
         nxt = nxt + 1
-    return torch.stack(out, 1) if out else torch.zeros(b, 0, dtype=torch.long)
+    return torch.stack(out, 1)

@@ -250,14 +250,15 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         if decoding.supported(self.model):  # a small Llama-family model on a CPU: the faster loop
-            out = decoding.sample(self.model, ids, mask, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                                pad_id=self.pad_id, temperature=temperature, top_p=top_p)
+            out = decoding.sample(self.model, ids, mask, max_new_tokens=max_new_tokens,
+                                  stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
+                                  top_p=top_p)
         else:  # these settings alone, not the checkpoint's generation_config (a repetition
             # penalty, say): the model's own distribution, the one GRPO's loss scores, as in the loop
             from transformers import GenerationConfig
             sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
                 if temperature > 0 else dict(do_sample=False)
-            inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            inner = decoding.unwrapped(self.model)
             saved, inner.generation_config = inner.generation_config, GenerationConfig()
             try:
                 out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
