@@ -208,6 +208,10 @@ def test_no_new_tokens_is_refused(llama_dir):  # noqa: F811
     ids, mask = left_padded(policy.pad_id, [4], policy.model.config.vocab_size)
     with pytest.raises(ValueError, match="max_new_tokens"):
         decode.sample(policy.model, ids, mask, max_new_tokens=0, stop_ids=policy.stop_ids, pad_id=policy.pad_id)
+    policy.model.train()  # a trainer's model: a failed call leaves it in train mode
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        policy.generate([[4, 5]], max_new_tokens=0)
+    assert policy.model.training
 
 
 def test_rows_stop_at_their_stop_token_padded_after(llama_dir):  # noqa: F811

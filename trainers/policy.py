@@ -249,25 +249,11 @@ class Policy:
             mask[i, width - len(c):] = 1
         was_training = self.model.training
         self.model.eval()
-        if decoding.supported(self.model):  # a small Llama-family model on a CPU: the faster loop
-            out = decoding.sample(self.model, ids, mask, max_new_tokens=max_new_tokens,
-                                  stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
-                                  top_p=top_p)
-        else:  # these settings alone, not the checkpoint's generation_config (a repetition
-            # penalty, say): the model's own distribution, the one GRPO's loss scores, as in the loop
-            from transformers import GenerationConfig
-            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
-                if temperature > 0 else dict(do_sample=False)
-            inner = decoding.unwrapped(self.model)
-            saved, inner.generation_config = inner.generation_config, GenerationConfig()
-            try:
-                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                          max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
-                                          pad_token_id=self.pad_id, **sampling)[:, width:]
-            finally:
-                inner.generation_config = saved
-        if was_training:
-            self.model.train()
+        try:
+            out = self._sample(ids, mask, width, max_new_tokens, temperature, top_p)
+        finally:  # a failed call leaves the model as it found it (a trainer's train mode)
+            if was_training:
+                self.model.train()
         gens = []
         for row in out.tolist():
             tokens, finished = [], False
@@ -278,6 +264,26 @@ class Policy:
                     break
             gens.append(Generation(tokens, self.decode(tokens), finished))
         return gens
+
+    def _sample(self, ids, mask, width, max_new_tokens, temperature, top_p):
+        """Each row's new tokens (the model already in eval mode)."""
+        if decoding.supported(self.model):  # a small Llama-family model on a CPU: the faster loop
+            return decoding.sample(self.model, ids, mask, max_new_tokens=max_new_tokens,
+                                   stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
+                                   top_p=top_p)
+        # these settings alone, not the checkpoint's generation_config (a repetition penalty,
+        # say): the model's own distribution, the one GRPO's loss scores, as in the loop
+        from transformers import GenerationConfig
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) \
+            if temperature > 0 else dict(do_sample=False)
+        inner = decoding.unwrapped(self.model)
+        saved, inner.generation_config = inner.generation_config, GenerationConfig()
+        try:
+            return self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                       max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
+                                       pad_token_id=self.pad_id, **sampling)[:, width:]
+        finally:
+            inner.generation_config = saved
 
 
 def set_threads(threads: int | None) -> None:
