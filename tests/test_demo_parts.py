@@ -618,10 +618,12 @@ def test_the_baseline_trains_beside_the_adapters_and_stops_at_their_rollouts(tmp
     adapter, baseline = out["brevity"], out["grpo_target"]
     assert RolloutBudget(tmp_path / "grpo_target" / "budget.json")() == (adapter["rollouts"], True)
     alone = run_job(Job("alone", str(model), str(env), str(tmp_path / "alone"),
-                        grpo_config(cfg, baseline["iterations"], adapter["rollouts"]), base_model=str(model)))
+                        grpo_config(cfg, baseline["max_iterations"], adapter["rollouts"]), base_model=str(model)))
     assert baseline["rollouts"] == alone["rollouts"] >= adapter["rollouts"]
     assert baseline["reward_curve"] == alone["reward_curve"]
-    assert len(baseline["reward_curve"]) < baseline["iterations"]  # the budget ended it, not the backstop
+    assert adapter["iterations"] == len(adapter["reward_curve"]) == 3
+    # the iterations it ran: the budget ended it, not the backstop
+    assert baseline["iterations"] == len(baseline["reward_curve"]) < baseline["max_iterations"]
     shown = [s.text for s in steps]
     assert any("GRPO on the target: reward" in t for t in shown) and any("brevity: reward" in t for t in shown)
 

@@ -372,8 +372,8 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
             closed = True
 
     out = dict(zip((j.name for j in batch), run_many(run_job, batch, n, show, "training", end)))
-    summary = {job.name: {"iterations": cfg.iterations, **_trained(out[job.name])} for job in jobs}
-    summary["grpo_target"] = {"iterations": iterations, **_trained(out[BASELINE])}
+    summary = {job.name: _trained(out[job.name]) for job in jobs}
+    summary["grpo_target"] = {**_trained(out[BASELINE]), "max_iterations": iterations}  # its backstop
     return summary
 
 
@@ -382,7 +382,7 @@ BASELINE = "GRPO on the target"
 
 
 def _trained(r: dict) -> dict:
-    return {"rollouts": r["rollouts"], "reward_curve": r["reward_curve"],
+    return {"iterations": len(r["reward_curve"]), "rollouts": r["rollouts"], "reward_curve": r["reward_curve"],
             "seconds_per_iteration": r["seconds_per_iteration"]}
 
 
