@@ -5,33 +5,69 @@
 The target measures one side of each skill (docs/demo.md, "Not reached"); the synthesized envs
 hold the others (a hurried close of a closable ticket, a user who declines or asks for another
 resolution). For each `envforge demo` output folder given, plays the base agent, each adapter,
-the merged adapters and GRPO on the target on every env in its `envs/`, on fresh seeds (from
-1,000,000: none a training run drew), with the demo's sampling settings, through
-`trainers.evaluate` (in sandboxes, as every evaluation). Prints a table per run (mean reward
-with its 95% CI, and per sub-skill where the env reports them) and writes
-benchmarks/results/transfer.json.
+the merged adapters (with two or more) and GRPO on the target on every env the run's gate
+accepted, on fresh seeds (from 1,000,000: training draws a few hundred from 0), with the run's
+sampling settings and device, through `trainers.evaluate` (in sandboxes, as every evaluation).
+Every method plays the same seeds, so each env's own adapter is also compared with GRPO on the
+target seed by seed (the mean paired difference with its 95% CI). Prints a table per run and
+writes benchmarks/results/transfer.json after each run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST_SEED = 1_000_000
+SETTINGS = ("max_new_tokens", "temperature", "top_p", "pool_size", "backend", "seed", "device")
 
 
 def methods(run: Path) -> dict:
     """{name: (adapter path or None, merged?)} of the policies a demo run made."""
     out = {"base": (None, False)}
-    for a in sorted(p.parent for p in (run / "adapters").glob("*/adapter_config.json")):
-        out[a.name] = (a, False)
-    if len(out) > 1:
+    adapters = sorted(p.parent for p in (run / "adapters").glob("*/adapter_config.json"))
+    out |= {a.name: (a, False) for a in adapters}
+    if len(adapters) > 1:
         out["merged"] = (run / "adapters", True)
     if (run / "grpo_target" / "adapter_config.json").is_file():
         out["grpo_target"] = (run / "grpo_target", False)
     return out
+
+
+def accepted_envs(run: Path, results: dict) -> list[Path]:
+    """The envs the run's gate accepted (a rejected one is written to envs/ too, for reading)."""
+    return [run / "envs" / s["env"] for s in results.get("synth", [])
+            if s.get("verdict") == "accept" and (run / "envs" / s["env"] / "env.py").is_file()]
+
+
+def check_run(run: Path) -> str | None:
+    """Why ``run`` cannot be measured, or None."""
+    try:
+        results = json.loads((run / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"{run} is not a finished `envforge demo` output folder (no readable results.json)"
+    missing = [k for k in SETTINGS if k not in results.get("config", {})]
+    if missing:
+        return f"{run}/results.json lacks the settings {missing} (an older demo's: run it again)"
+    if not (run / "base_model").is_dir():
+        return f"{run} has no base_model/"
+    if not accepted_envs(run, results):
+        return f"{run} has no env its gate accepted (results.json's synth)"
+    return None
+
+
+def paired(a: list[dict], b: list[dict]) -> dict:
+    """Mean of a's score minus b's on the same seeds, with its 95% CI."""
+    from trainers.rollout import mean_ci
+    sb = {e["seed"]: e["score"] for e in b}
+    d = mean_ci([e["score"] - sb[e["seed"]] for e in a if e["seed"] in sb])
+    half = 1.96 * d["std"] / d["n"] ** 0.5 if d["n"] > 1 else 0.0  # mean_ci clips to [0, 1]
+    return {"n": d["n"], "mean": d["mean"], "ci_low": d["mean"] - half, "ci_high": d["mean"] + half}
 
 
 def measure(run: Path, seeds: int) -> dict:
@@ -39,27 +75,28 @@ def measure(run: Path, seeds: int) -> dict:
     from trainers.eval_config import EvalConfig
     from trainers.policy import load_policy
     from trainers.router import merged_policy
-    cfg = json.loads((run / "results.json").read_text(encoding="utf-8"))["config"]
-    config = EvalConfig(max_new_tokens=cfg["max_new_tokens"], temperature=cfg["temperature"],
-                        top_p=cfg["top_p"], pool_size=cfg["pool_size"], backend=cfg["backend"], seed=0)
-    envs = sorted(p.parent for p in (run / "envs").glob("*/env.py"))
-    result: dict = {}
+    results = json.loads((run / "results.json").read_text(encoding="utf-8"))
+    cfg = results["config"]
+    config = EvalConfig(**{k: cfg[k] for k in SETTINGS if k != "device"})
+    envs = accepted_envs(run, results)
+    scores: dict = {}
+    episodes: dict = {}
     for name, (path, merged) in methods(run).items():
-        if merged:
-            policy = merged_policy(run / "base_model", path)
-        else:
-            policy = load_policy(run / "base_model", adapter=path)
+        policy = merged_policy(run / "base_model", path, device=cfg["device"]) if merged else \
+            load_policy(run / "base_model", adapter=path, device=cfg["device"])
         for env in envs:
-            tasks = [{"env": str(env), "seed": FIRST_SEED + i} for i in range(seeds)]
-            e = evaluate(policy, tasks, config)
-            result.setdefault(env.name, {})[name] = {"overall": e.overall, "per_skill": e.per_skill}
+            e = evaluate(policy, [{"env": str(env), "seed": FIRST_SEED + i} for i in range(seeds)], config)
+            scores.setdefault(env.name, {})[name] = {"overall": e.overall, "per_skill": e.per_skill}
+            episodes[(env.name, name)] = e.episodes
             print(f"  {run.name} {env.name} {name}: {e.overall['mean']:.3f}", file=sys.stderr, flush=True)
-    return result
+    gaps = {env.name: paired(episodes[(env.name, env.name)], episodes[(env.name, "grpo_target")])
+            for env in envs if (env.name, env.name) in episodes and (env.name, "grpo_target") in episodes}
+    return {"scores": scores, "own_adapter_minus_grpo_target": gaps}
 
 
 def table(run: str, result: dict) -> str:
     rows = [f"\n{run}"]
-    for env, by in result.items():
+    for env, by in result["scores"].items():
         skills = sorted({s for m in by.values() for s in m["per_skill"]})
         head = ["method", "mean [95% CI]"] + skills
         rows += [f"\n{env}", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -68,7 +105,19 @@ def table(run: str, result: dict) -> str:
             cells = [name, f"{o['mean']:.3f} [{o['ci_low']:.2f}, {o['ci_high']:.2f}]"]
             cells += [f"{m['per_skill'][s]['mean']:.2f}" if s in m["per_skill"] else "" for s in skills]
             rows.append("| " + " | ".join(cells) + " |")
+        gap = result["own_adapter_minus_grpo_target"].get(env)
+        if gap:
+            rows.append(f"its adapter - GRPO on the target, seed by seed: {gap['mean']:+.3f} "
+                        f"[{gap['ci_low']:+.2f}, {gap['ci_high']:+.2f}] (n {gap['n']})")
     return "\n".join(rows)
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,16 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.seeds < 1:
         ap.error("--seeds must be at least 1")
     for run in map(Path, a.runs):
-        if not (run / "results.json").is_file() or not (run / "base_model").is_dir():
-            ap.error(f"{run} is not a finished `envforge demo` output folder (no results.json or base_model/)")
-    import torch
-    torch.set_num_threads(a.threads)
-    results: dict = {}
+        why = check_run(run)
+        if why:
+            ap.error(why)
+    from trainers.policy import set_threads
+    set_threads(a.threads)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
     for run in map(Path, a.runs):
         results[str(run)] = measure(run, a.seeds)
-        out.write_text(json.dumps({"seeds": a.seeds, "first_seed": FIRST_SEED, "runs": results}, indent=1))
+        out.write_text(json.dumps({"seeds": a.seeds, "first_seed": FIRST_SEED, "commit": commit(),
+                                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                                   "runs": results}, indent=1))
         print(table(str(run), results[str(run)]), flush=True)  # each run's, as it ends
     print(f"\nwrote {out}")
     return 0
