@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -65,9 +64,7 @@ def paired(a: list[dict], b: list[dict]) -> dict:
     """Mean of a's score minus b's on the same seeds, with its 95% CI."""
     from trainers.rollout import mean_ci
     sb = {e["seed"]: e["score"] for e in b}
-    d = mean_ci([e["score"] - sb[e["seed"]] for e in a if e["seed"] in sb])
-    half = 1.96 * d["std"] / d["n"] ** 0.5 if d["n"] > 1 else 0.0  # mean_ci clips to [0, 1]
-    return {"n": d["n"], "mean": d["mean"], "ci_low": d["mean"] - half, "ci_high": d["mean"] + half}
+    return mean_ci([e["score"] - sb[e["seed"]] for e in a if e["seed"] in sb], clip=False)
 
 
 def measure(run: Path, seeds: int) -> dict:
@@ -112,14 +109,6 @@ def table(run: str, result: dict) -> str:
     return "\n".join(rows)
 
 
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="`envforge demo` output folders")
@@ -133,16 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         why = check_run(run)
         if why:
             ap.error(why)
+    from bench_demo import commit  # beside this script: the commit, None for a changed tree
     from trainers.policy import set_threads
     set_threads(a.threads)
+    stamp = {"seeds": a.seeds, "first_seed": FIRST_SEED, "commit": commit(),
+             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for run in map(Path, a.runs):
         results[str(run)] = measure(run, a.seeds)
-        out.write_text(json.dumps({"seeds": a.seeds, "first_seed": FIRST_SEED, "commit": commit(),
-                                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                                   "runs": results}, indent=1))
+        out.write_text(json.dumps({**stamp, "runs": results}, indent=1))
         print(table(str(run), results[str(run)]), flush=True)  # each run's, as it ends
     print(f"\nwrote {out}")
     return 0

@@ -38,6 +38,8 @@ def test_mean_ci():
     m = mean_ci([0.0, 1.0, 0.5, 0.5])
     assert m["mean"] == 0.5 and m["ci_low"] < 0.5 < m["ci_high"] and m["n"] == 4
     assert mean_ci([])["mean"] is None
+    assert mean_ci([0.0, 0.0, 0.0, 1.0])["ci_low"] == 0.0  # a score's interval stays in [0, 1]
+    assert mean_ci([-1.0, 0.0, -1.0, 0.0], clip=False)["ci_low"] < -0.5  # a difference's does not
 
 
 def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):

@@ -230,13 +230,16 @@ def is_constant(rewards: list[float], tol: float = 1e-6) -> bool:
     return max(rewards) - min(rewards) <= tol
 
 
-def mean_ci(values: list[float], z: float = 1.96) -> dict:
-    """Mean with a normal-approximation 95% confidence interval (half-width z * s / sqrt(n))."""
+def mean_ci(values: list[float], z: float = 1.96, clip: bool = True) -> dict:
+    """Mean with a normal-approximation 95% confidence interval (half-width z * s / sqrt(n)),
+    clipped to [0, 1] (scores) unless ``clip`` is false (differences of scores)."""
     n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "ci_low": None, "ci_high": None, "std": None}
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
     half = z * std / math.sqrt(n) if n > 1 else 0.0
-    return {"n": n, "mean": mean, "ci_low": max(0.0, mean - half), "ci_high": min(1.0, mean + half),
-            "std": std}
+    low, high = mean - half, mean + half
+    if clip:
+        low, high = max(0.0, low), min(1.0, high)
+    return {"n": n, "mean": mean, "ci_low": low, "ci_high": high, "std": std}
