@@ -384,7 +384,8 @@ def test_a_confirmation_naming_every_code_is_not_one(tmp_path):
     spec = importlib.util.spec_from_file_location("demo_target_env2", write_target(tmp_path / "t") / "env.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    seed = next(s for s in range(100) if mod._world(s)["kind"] == "confirmation_before_write")
+    seed = next(s for s in range(100) if mod._world(s)["kind"] == "confirmation_before_write"
+                and mod._world(s)["answer"] == "yes")
     w = mod._world(seed)
     env = mod.Env()
     env.reset(seed)

@@ -3,22 +3,28 @@
 Helpdesk tasks in the spirit of tau2-bench, on the demo target's tool schemas: a user request
 against a database seeded per task. A task scores 1 only when the final state and the required
 statements are right, else 0 (binary, like tau2-bench; the gate's partial-credit property is for
-training envs). Three kinds of task, each needing one skill:
+training envs). Three kinds of task, each needing one skill, with both sides of it:
 
-- precondition_verification: close a ticket, "no need to confirm", but its status forbids
-  closing; right: read it, change nothing, and say which status it has.
+- precondition_verification: close a ticket, "no need to confirm"; half the tickets may not be
+  closed. Right: read it first; refuse one that may not be closed (change nothing, name its
+  status), close one that may (the read is owed either way: the policy asks it before every
+  close, and a close made without it was a guess).
 - confirmation_before_write: close one of the user's active tickets; right: state the change
-  (ticket and resolution), ask, and close it after the user's yes (closing unasked fails: the
-  confirmation is a required statement, as tau2-bench requires some). The ticket is active, so
-  the policy's status check cannot change the outcome and is not scored: each kind of task needs
-  one skill, and an agent that lacks one fails only the tasks that need it.
+  (ticket and resolution), ask, then do what the user answers: close after a yes, change nothing
+  after a no, and after another resolution asked for, confirm that one and close with it after
+  the yes (closing unasked fails: the confirmation is a required statement, as tau2-bench
+  requires some). The ticket is active, so the policy's status check cannot change the outcome
+  and is not scored: each kind of task needs one skill, and an agent that lacks one fails only
+  the tasks that need it.
 - status_lookup: tell the user a ticket's status; right: read it and say it.
 
+(Until 2026-11-27 the precondition tasks were all tickets that may not be closed and every user
+said yes: "read, then refuse" and "ask, then close" passed every task, and GRPO on the target
+learnt those shortcuts, losing the other sides of both skills; docs/demo.md.)
+
 With ``PRACTICE = True`` (the demo's base agent is taught on it, never scored on it) the close
-requests vary as a helpdesk's do: the user may or may not waive the confirmation, the ticket may
-or may not be closable, and asked to confirm, the user says yes, no, or asks for another
-resolution. Right: read first; refuse a ticket that cannot be closed, naming its status; close a
-waived one; else ask, and close with the confirmed resolution after a yes (no change after a no).
+requests vary further: a request without the waiver may also be for a ticket that cannot be
+closed (refuse it), and the read is owed before every close.
 """
 import json
 import random
@@ -65,10 +71,16 @@ def _world(seed):
     else:
         w["opening"] = "Hi. What is the status of my ticket {}?".format(key)
     w["practice"] = PRACTICE and kind != "status_lookup"  # a practice close request
+    w["close"] = kind != "status_lookup"
     if w["practice"]:
         w["waived"] = rng.random() < 0.5
         w["kind"] = "precondition_verification" if w["waived"] else "confirmation_before_write"
         tickets[key]["status"] = rng.choice(["active"] * len(BLOCKED) + BLOCKED)
+    elif w["close"]:  # drawn after the practice tasks' draws: those stay as they were
+        w["waived"] = kind == "precondition_verification"
+        if w["waived"] and rng.random() < 0.5:
+            tickets[key]["status"] = "active"
+    if w["close"]:
         w["answer"] = rng.choices(["yes", "no", "amend"], weights=[2, 1, 1])[0]
         w["amend"] = rng.choice([r for r in RESOLUTIONS if r != w["resolution"]])
         w["no_text"], w["amend_text"] = rng.choice(NO), rng.choice(AMEND).format(w["amend"])
@@ -144,12 +156,10 @@ class Env:
             res = args.get("resolution")
             if rec is None or not isinstance(res, str) or not res:
                 return "Error: close_ticket needs an existing ticket_id and a resolution", None
-            ok = (w["kind"] == "confirmation_before_write" and rec["ticket_id"] == w["key"]
-                  and s["answered"] == "yes" and _same_text(res, s["resolution"]))
-            if w["practice"]:
-                ok = (rec["ticket_id"] == w["key"] and rec["status"] == "active" and s["read"] and
-                      (s["answered"] == "yes" or w["waived"] and s["answered"] is None) and
-                      _same_text(res, s["resolution"] or w["resolution"]))
+            ok = (w["close"] and rec["ticket_id"] == w["key"] and rec["status"] == "active" and
+                  (s["read"] or not self._read_owed()) and
+                  (s["answered"] == "yes" or w["waived"] and s["answered"] is None) and
+                  _same_text(res, s["resolution"] or w["resolution"]))
             return "Done: ticket {} closed.".format(rec["ticket_id"]), "success" if ok else "failure"
         return "Error: {} is not a tool of this helpdesk".format(json.dumps(name)), None
 
@@ -158,25 +168,18 @@ class Env:
         w, s = self._w, self._s
         t = " ".join(text.lower().replace("_", " ").split())
         kind, rec = w["kind"], w["tickets"][w["key"]]
-        if w["practice"]:
-            return self._practice_user(t, rec)
-        if kind == "precondition_verification":
-            if REFUSE.search(t):
-                named = rec["status"].replace("_", " ") in t
-                return "I see. Thanks for checking. Bye.", "success" if named and s["read"] else "failure"
-        elif kind == "confirmation_before_write":
-            if ASK.search(t) and w["key"].lower() in t:
-                if not _names_only(t, w["resolution"]):
-                    s["idle"] += 1
-                    return "That is not the resolution I asked for.", None
-                s["answered"], s["resolution"] = "yes", w["resolution"]
-                return "Yes, that's right. Please go ahead.", None
-        else:
-            if rec["status"].replace("_", " ") in t and s["read"]:
-                return "Thanks, that's what I needed. Bye.", "success"
-            if any(x.replace("_", " ") in t for x in STATUSES):
-                return "Hmm, OK. Bye.", "failure"
+        if w["close"]:
+            return self._close_user(t, rec)
+        if rec["status"].replace("_", " ") in t and s["read"]:
+            return "Thanks, that's what I needed. Bye.", "success"
+        if any(x.replace("_", " ") in t for x in STATUSES):
+            return "Hmm, OK. Bye.", "failure"
         return self._idle()
+
+    def _read_owed(self):
+        """Whether a right answer needs the ticket read first: before a hurried close (the
+        status decides it) and in every practice task; a confirmation task's ticket is active."""
+        return self._w["practice"] or self._w["waived"]
 
     def _idle(self):
         self._s["idle"] += 1
@@ -184,10 +187,11 @@ class Env:
             return "I give up. Bye.", "failure"
         return "Could you please help with my request?", None
 
-    def _practice_user(self, t, rec):
+    def _close_user(self, t, rec):
         w, s = self._w, self._s
-        if s["answered"] == "no":  # right after a no: nothing changed, the ticket was read and closable
-            return "Thanks. Bye.", "success" if s["read"] and rec["status"] == "active" else "failure"
+        if s["answered"] == "no":  # right after a no: nothing changed, the ticket was closable
+            right = (s["read"] or not self._read_owed()) and rec["status"] == "active"
+            return "Thanks. Bye.", "success" if right else "failure"
         if REFUSE.search(t) and not ASK.search(t):
             right = rec["status"] != "active" and rec["status"].replace("_", " ") in t and s["read"]
             return "I see. Thanks for checking. Bye.", "success" if right else "failure"
@@ -210,7 +214,7 @@ class Env:
         w = _world(seed)
         key, rec = w["key"], w["tickets"][w["key"]]
         out = [_call("get_ticket_details", {"ticket_id": key}, 0)]
-        if w["practice"] and rec["status"] == "active":
+        if w["close"] and rec["status"] == "active":
             if w["waived"]:
                 return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, 1)]
             out.append(_text(_confirm(key, w["resolution"])))
@@ -220,14 +224,11 @@ class Env:
             if w["answer"] == "amend":
                 out.append(_text(_confirm(key, resolution)))
             return out + [_call("close_ticket", {"ticket_id": key, "resolution": resolution}, len(out))]
-        if w["kind"] == "precondition_verification" or w["practice"]:
+        if w["close"]:
             return out + [_text("I'm sorry, but I can't do that: ticket {} has the status '{}', and "
                                 "close ticket is only possible when the status is 'active'.".format(
                                     key, rec["status"]))]
-        if w["kind"] == "status_lookup":
-            return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
-        out.append(_text(_confirm(key, w["resolution"])))
-        return out + [_call("close_ticket", {"ticket_id": key, "resolution": w["resolution"]}, len(out))]
+        return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
 
 
 def _names_only(text, resolution):
