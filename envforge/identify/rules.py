@@ -646,6 +646,35 @@ def confirmation_scope(policy: str) -> str | None:
     return "all" if "confirm" in policy else None
 
 
+_WAIVE = re.compile(r"\bno need to (?:confirm|ask)|\b(?:don't|do not|no need to|without) "
+                    r"(?:ask(?:ing)?(?: me)?|confirm(?:ing|ation)?)\b|\bno confirmation (?:is )?"
+                    r"(?:needed|necessary|required)|\bskip (?:the )?confirmation", re.I)
+
+
+def _waived(messages: list[dict], index: int) -> bool:
+    """A user message before ``index`` waives the confirmation ("no need to confirm", "don't
+    ask me", "without asking")."""
+    return any(m.get("role") == "user" and _WAIVE.search(m.get("content") or "")
+               for m in messages[:index])
+
+
+def unconfirmed_request(v: View, c: Call) -> bool:
+    """Write ``c`` is what the user asked for, word for word (every argument's value is in the
+    user's messages before it), made without the yes the policy asks for (its scope, no
+    waiver): had the agent asked, the user's answer (a no, another value) would have decided
+    it, so a change the task then did not call for is confirmation before write's."""
+    scope = confirmation_scope(v.policy)
+    if scope is None or scope == "paid" and not _paid(c) or _waived(v.messages, c.index):
+        return False
+    said = " ".join(" ".join((m.get("content") or "").lower().split())
+                    for m in v.messages[:c.index] if m.get("role") == "user")
+    values = [x for _, x in leaves(c.arguments)]
+    stated = values and all(isinstance(x, (str, int, float)) and not isinstance(x, bool) and
+                            (f"{x:g}" if _is_number(x) else " ".join(str(x).lower().split())) in said
+                            for x in values)
+    return bool(stated) and not _confirmed(v.messages, c.index)
+
+
 def _paid(c: Call) -> bool:
     """A write that costs the user: it carries an amount, or its name says so."""
     return bool(_PAID.search(c.name.lower())) or any(_is_number(x) for _, x in leaves(c.arguments))
@@ -658,7 +687,8 @@ def rule_confirmation_before_write(v: View) -> Verdict:
     go ahead, ...; not starting with "no") and answers an assistant message that asked (a
     question mark, "confirm" or "proceed"). Which writes need it comes from the policy (the
     target's or the system prompt; see :func:`confirmation_scope`): all of them, the paid ones,
-    or none. LACKING when any write that needs it is unconfirmed, or is a retry with other
+    or none; a write after the user waived it ("no need to confirm", "don't ask", see
+    :func:`_waived`) needs none. LACKING when any write that needs it is unconfirmed, or is a retry with other
     arguments (a refused booking made again with another payment) that no new yes preceded;
     PRESENT when all are confirmed; NA when
     the agent made no write that needed one.
@@ -673,6 +703,9 @@ def rule_confirmation_before_write(v: View) -> Verdict:
         writes = [c for c in writes if _paid(c)]
         if not writes:
             return Verdict(NA, None, "the policy asks for confirmation of paid changes only; none was made")
+    writes = [c for c in writes if not _waived(v.messages, c.index)]
+    if not writes:
+        return Verdict(NA, None, "the user said no confirmation was needed")
     for c in writes:
         if not _confirmed(v.messages, c.index):
             return Verdict(LACKING, c.index, f"{c.name} without an explicit yes to a question first")
@@ -693,12 +726,15 @@ def rule_policy_adherence(v: View) -> Verdict:
     Pairs the agent's accepted writes with the task's expected writes (see
     :func:`write_pairs`). LACKING when an accepted write is left over (a change the policy
     forbids, one nobody asked for, a second booking) and the entity's state does not explain it
-    (that one is precondition verification's: one root cause, one label); LACKING too when an
+    (that one is precondition verification's: one root cause, one label; so is the user's own
+    request made without the yes the policy asks for, confirmation before write's: see
+    :func:`unconfirmed_request`); LACKING too when an
     accepted write on the expected entity made another choice than the task's (another
     destination, cabin, payment method; not an amount, not a slip); PRESENT when every accepted
     write was expected as made, including a task that expected none and an agent that refused; NA when the
-    expected actions are unknown or the agent changed nothing although the task expected a
-    change (see action completion). Reads the expected actions.
+    expected actions are unknown, the agent changed nothing although the task expected a
+    change (see action completion), or it made the user's request without the yes the policy
+    asks for and nothing else was wrong. Reads the expected actions.
     """
     if v.expected is None:
         return Verdict(NA, None, "the task's expected actions are unknown")
@@ -708,13 +744,15 @@ def rule_policy_adherence(v: View) -> Verdict:
                 else Verdict(PRESENT, None, "no change made, and none was expected"))
     pairs = write_pairs(v, accepted=True)
     paired = {id(c) for _, c in pairs}
-    extra = [c for c in made if id(c) not in paired and precondition_problem(v, c)[0] is None]
+    asked = [c for c in made if not unconfirmed_request(v, c)]  # confirmation's to judge
+    unasked = [c for c in made if all(c is not a for a in asked)]
+    extra = [c for c in asked if id(c) not in paired and precondition_problem(v, c)[0] is None]
     if extra:
         c = extra[0]
         return Verdict(LACKING, c.index, f"{c.name}({_quote(c.arguments, 80)}) is a change the task "
                        "did not call for")
     for e, c in pairs:
-        if entity(e.get("arguments") or {}) != entity(c.arguments):
+        if entity(e.get("arguments") or {}) != entity(c.arguments) or any(c is u for u in unasked):
             continue
         seen = v.seen_before(c.index)
         for path, exp, act in diffs(_compared(e), c.arguments):
@@ -724,6 +762,10 @@ def rule_policy_adherence(v: View) -> Verdict:
                 continue  # left out, or a slip: argument precision
             return Verdict(LACKING, c.index, f"{c.name} on {_quote(entity(c.arguments))}: chose "
                            f"{path}={_quote(act)} where the task called for {_quote(exp)}")
+    if unasked:
+        c = unasked[0]
+        return Verdict(NA, c.index, f"{c.name} as the user asked, without their yes: confirmation "
+                       "before write's to judge")
     return Verdict(PRESENT, made[0].index, f"all {len(made)} change(s) were called for")
 
 
