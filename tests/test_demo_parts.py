@@ -57,6 +57,59 @@ def test_target_passes_static_audit_and_expert_solves_it(target):
     assert scores == [1.0] * 30
 
 
+def test_target_asks_both_sides_of_each_skill(tmp_path):
+    """The target's hurried closes are of closable tickets (read, then close) as well as blocked
+    ones (read, then refuse), and its users say yes, no, or ask for another resolution: a
+    policy that always refuses a hurried close, closes without the read, or closes after the
+    user's question whatever the answer fails the tasks of the other side."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo_target_sides", write_target(tmp_path / "t") / "env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # trusted: the demo's own target (the test reads its tasks)
+    worlds = {s: mod._world(s) for s in range(300)}
+    sides = {(w["kind"], w["answer"] if not w["waived"] else w["tickets"][w["key"]]["status"] == "active")
+             for w in worlds.values() if w["close"]}
+    assert sides == {("precondition_verification", True), ("precondition_verification", False),
+                     ("confirmation_before_write", "yes"), ("confirmation_before_write", "no"),
+                     ("confirmation_before_write", "amend")}
+
+    def score(seed, actions):
+        env = mod.Env()
+        env.reset(seed)
+        total = 0.0
+        for a in actions:
+            obs, r, term, trunc, _ = env.step(a)
+            total += r
+            if term or trunc:
+                break
+        return total
+
+    def close(w, resolution=None):
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": "c9", "type": "function", "function": {
+            "name": "close_ticket", "arguments": json.dumps({"ticket_id": w["key"],
+                                                             "resolution": resolution or w["resolution"]})}}]}
+    read = lambda w: {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",  # noqa: E731
+                      "function": {"name": "get_ticket_details", "arguments": json.dumps({"ticket_id": w["key"]})}}]}
+    refuse = lambda w: {"role": "assistant", "content": "Sorry, I can't: ticket {} is {}.".format(  # noqa: E731
+        w["key"], w["tickets"][w["key"]]["status"])}
+    ask = lambda w: {"role": "assistant", "content": "Close ticket {} with {}?".format(w["key"], w["resolution"])}  # noqa: E731
+    for seed, w in worlds.items():
+        if not w["close"]:
+            continue
+        solved = mod.Env().solve(seed)
+        assert score(seed, solved) == 1.0
+        if w["waived"]:
+            closable = w["tickets"][w["key"]]["status"] == "active"
+            assert score(seed, [read(w), refuse(w)]) == (0.0 if closable else 1.0)
+            assert score(seed, [read(w), close(w)]) == (1.0 if closable else 0.0)
+            assert score(seed, [close(w)]) == 0.0  # the read is owed
+        else:
+            assert score(seed, [ask(w), close(w)]) == (1.0 if w["answer"] == "yes" else 0.0)
+            assert score(seed, [close(w)]) == 0.0  # unasked
+            if w["answer"] == "amend":
+                assert score(seed, [ask(w), close(w, w["amend"])]) == 0.0  # the new one is confirmed first
+
+
 def test_practice_tasks_vary_what_the_target_holds_fixed(tmp_path):
     """The base agent's practice tasks: waived or not, closable or not, a user who says yes, no
     or asks for another resolution; the expert solves all of them, and each deficit fails some."""

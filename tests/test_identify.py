@@ -458,6 +458,11 @@ def test_confirmation_before_write():
     assert label(traj(user("turn roaming on"), *roaming), name, telecom) == NA
     assert label(traj(user("2 GB please"), *roaming, *refuel), name, telecom) == LACKING
     assert label(traj(say("2 GB costs $10. Shall I add it?"), user("Yes"), *refuel), name, telecom) == PRESENT
+    # the user waived it: no yes is owed (and a user who asks to be asked has not waived it)
+    assert label(traj(user("Cancel R1 right away, no need to confirm."), *cancel), name) == NA
+    assert label(traj(user("Cancel R1. Don't ask me anything, I'm late."), *read, *cancel), name) == NA
+    assert label(traj(user("Don't cancel anything without asking me first."), *cancel), name) == LACKING
+    assert label(traj(user("cancel R1"), *cancel, user("no need to confirm"), *two[1]), name) == LACKING
 
 
 def test_policy_adherence():
@@ -490,6 +495,29 @@ def test_policy_adherence():
     amount = lambda x: call("update_reservation", {"reservation_id": "R1", "amount": x})  # noqa: E731
     assert label(traj(*read, *amount(5), expected=[("update_reservation", {"reservation_id": "R1",
                                                                            "amount": 7})]), name) == PRESENT
+    # the user's own request, made without the yes the policy asks for (had the agent asked, the
+    # user would have said no, or asked for another value): confirmation before write's to judge
+    ticket = call("get_ticket_details", {"ticket_id": "T-1"}, '{"ticket_id": "T-1", "status": "active"}')
+    close = call("close_ticket", {"ticket_id": "T-1", "resolution": "fixed"})
+    asked_for = user("Please close ticket T-1. Details: resolution: fixed.")
+    v = verdict(traj(asked_for, *ticket, *close, expected=[]), name)
+    assert v.label == NA and "confirmation" in v.why
+    assert label(traj(asked_for, *ticket, *close, expected=[]), "confirmation before write") == LACKING
+    other = [("close_ticket", {"ticket_id": "T-1", "resolution": "duplicate"})]
+    assert label(traj(asked_for, *ticket, *close, expected=other), name) == NA
+    # ... and after a yes, or waived, it is this rule's again
+    yes = (say("Close T-1 with fixed?"), user("Yes, go ahead."))
+    assert label(traj(asked_for, *ticket, *yes, *close, expected=[]), name) == LACKING
+    assert label(traj(asked_for, *ticket, *yes, *close, expected=other), name) == LACKING
+    assert label(traj(user("Close T-1, resolution: fixed, no need to confirm."), *ticket, *close,
+                      expected=[]), name) == LACKING
+    # a change holding a value the user never said (compensation nobody asked for) stays this rule's
+    me = call("get_user_details", {"user_id": "u1"}, '{"user_id": "u1"}')
+    late = user("I am u1. My flight was late.")
+    assert label(traj(late, *me, *call("send_certificate", {"user_id": "u1", "amount": 100}), expected=[]),
+                 name) == LACKING
+    assert label(traj(user("I am u1. Send me a certificate of 100."), *me,
+                      *call("send_certificate", {"user_id": "u1", "amount": 100}), expected=[]), name) == NA
 
 
 def test_action_completion():
