@@ -646,9 +646,8 @@ def confirmation_scope(policy: str) -> str | None:
     return "all" if "confirm" in policy else None
 
 
-_WAIVE = re.compile(r"\bno need to (?:confirm|ask)|\b(?:don't|do not|you don't have to|no need to) "
-                    r"(?:ask|confirm)\b|\bno confirmation (?:is )?(?:needed|necessary|required)|"
-                    r"\bskip (?:the )?confirmation", re.I)
+_WAIVE = re.compile(r"\b(?:no need to |(?:don't|do not) (?:need to |have to )?)(?:ask|confirm)\b|"
+                    r"\bno confirmation (?:is )?(?:needed|necessary|required)|\bskip (?:the )?confirmation", re.I)
 
 
 def _waived(messages: list[dict], index: int) -> bool:
