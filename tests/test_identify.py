@@ -458,12 +458,19 @@ def test_confirmation_before_write():
     assert label(traj(user("turn roaming on"), *roaming), name, telecom) == NA
     assert label(traj(user("2 GB please"), *roaming, *refuel), name, telecom) == LACKING
     assert label(traj(say("2 GB costs $10. Shall I add it?"), user("Yes"), *refuel), name, telecom) == PRESENT
-    # the user waived it: no yes is owed (and a user who asks to be asked has not waived it)
-    assert label(traj(user("Cancel R1 right away, no need to confirm."), *cancel), name) == NA
-    assert label(traj(user("Cancel R1. Don't ask me anything, I'm late."), *read, *cancel), name) == NA
-    assert label(traj(user("Cancel R1; you don't need to confirm it with me."), *cancel), name) == NA
-    assert label(traj(user("Don't cancel anything without asking me first."), *cancel), name) == LACKING
-    assert label(traj(user("cancel R1"), *cancel, user("no need to confirm"), *two[1]), name) == LACKING
+    # the user waived it, where the policy lets them: no yes is owed (and a user who asks to be
+    # asked, or who says "no need to" about something else, has not waived it)
+    waivable = "Before a change, confirm it with the user, unless they said there is no need to confirm."
+    assert label(traj(user("Cancel R1 right away, no need to confirm."), *cancel), name, waivable) == NA
+    assert label(traj(user("Cancel R1. Don't ask me anything, I'm late."), *read, *cancel), name, waivable) == NA
+    assert label(traj(user("Cancel R1; you don\u2019t need to confirm it with me."), *cancel), name, waivable) == NA
+    for not_waived in ("Don't cancel anything without asking me first.", "Do not confirm the booking yet.",
+                       "Cancel R1. No need to ask about bags.", "Cancel R1, no need to confirm my email."):
+        assert label(traj(user(not_waived), *cancel), name, waivable) == LACKING, not_waived
+    assert label(traj(user("cancel R1"), *cancel, user("no need to confirm"), *two[1]), name, waivable) == LACKING
+    # a policy that asks for an explicit yes takes no waiver
+    assert label(traj(user("Cancel R1 right away, no need to confirm."), *cancel), name,
+                 "obtain explicit user confirmation (yes) before any action") == LACKING
 
 
 def test_policy_adherence():
@@ -496,8 +503,9 @@ def test_policy_adherence():
     amount = lambda x: call("update_reservation", {"reservation_id": "R1", "amount": x})  # noqa: E731
     assert label(traj(*read, *amount(5), expected=[("update_reservation", {"reservation_id": "R1",
                                                                            "amount": 7})]), name) == PRESENT
-    # the user's own request, made without the yes the policy asks for (had the agent asked, the
-    # user would have said no, or asked for another value): confirmation before write's to judge
+    # the user's own request, made without the yes the policy asks for, where the task called for
+    # another change or none: asking would have told (a no, another value), or the policy forbids
+    # it; the rules cannot tell which, so this rule abstains (confirmation before write's to judge)
     ticket = call("get_ticket_details", {"ticket_id": "T-1"}, '{"ticket_id": "T-1", "status": "active"}')
     close = call("close_ticket", {"ticket_id": "T-1", "resolution": "fixed"})
     asked_for = user("Please close ticket T-1. Details: resolution: fixed.")
@@ -506,19 +514,26 @@ def test_policy_adherence():
     assert label(traj(asked_for, *ticket, *close, expected=[]), "confirmation before write") == LACKING
     other = [("close_ticket", {"ticket_id": "T-1", "resolution": "duplicate"})]
     assert label(traj(asked_for, *ticket, *close, expected=other), name) == NA
-    # ... and after a yes, or waived, it is this rule's again
+    # ... the change the task called for stays PRESENT, asked or not
+    assert label(traj(asked_for, *ticket, *close, expected=[("close_ticket", {"ticket_id": "T-1",
+                                                                              "resolution": "fixed"})]), name) == PRESENT
+    # ... and after a yes, or a waiver, it is this rule's again
     yes = (say("Close T-1 with fixed?"), user("Yes, go ahead."))
     assert label(traj(asked_for, *ticket, *yes, *close, expected=[]), name) == LACKING
     assert label(traj(asked_for, *ticket, *yes, *close, expected=other), name) == LACKING
-    assert label(traj(user("Close T-1, resolution: fixed, no need to confirm."), *ticket, *close,
-                      expected=[]), name) == LACKING
-    # a change holding a value the user never said (compensation nobody asked for) stays this rule's
+    waived = user("Close T-1, resolution: fixed, no need to confirm.")
+    assert label(traj(waived, *ticket, *close, expected=[]), name,
+                 "Confirm each change unless they said there is no need to confirm.") == LACKING
+    # a value the user never said, or said only inside another word, is no request
     me = call("get_user_details", {"user_id": "u1"}, '{"user_id": "u1"}')
-    late = user("I am u1. My flight was late.")
-    assert label(traj(late, *me, *call("send_certificate", {"user_id": "u1", "amount": 100}), expected=[]),
-                 name) == LACKING
-    assert label(traj(user("I am u1. Send me a certificate of 100."), *me,
-                      *call("send_certificate", {"user_id": "u1", "amount": 100}), expected=[]), name) == NA
+    cert = call("send_certificate", {"user_id": "u1", "amount": 100})
+    assert label(traj(user("I am u1. My flight was late."), *me, *cert, expected=[]), name) == LACKING
+    assert label(traj(user("I am u1. My flight HAT100 was late."), *me, *cert, expected=[]), name) == LACKING
+    assert label(traj(user("I am u1. Send me a certificate of 100."), *me, *cert, expected=[]), name) == NA
+    big = call("send_certificate", {"user_id": "u1", "amount": 1500000})
+    assert label(traj(user("I am u1. Send me 1,500,000 in credit."), *me, *big, expected=[]), name) == NA
+    one_way = call("update_reservation", {"reservation_id": "R1", "flight_type": "one_way"})
+    assert label(traj(user("Make R1 one-way."), *read, *one_way, expected=[]), name) == NA
 
 
 def test_action_completion():
