@@ -31,7 +31,10 @@ def test_the_good_env_is_accepted_with_stats():
 @pytest.mark.parametrize("variant", variants(), ids=lambda v: v.name)
 def test_each_broken_variant_gets_its_finding(tmp_path, variant):
     folder = write_env(tmp_path / variant.name, variant.source)
-    report = audit(folder, settings=FAST, write_report=False)
+    # robustness examples are drawn afresh by default, and 15 of them miss the one crashing action
+    # about 1 audit in 35 (a local CI of 3204700 met it): a pinned draw, as below
+    settings = dataclasses.replace(FAST, probe_seed=0) if variant.check == "robustness" else FAST
+    report = audit(folder, settings=settings, write_report=False)
     assert report.verdict == "reject"
     matching = [f for f in _errors(report) if f.check == variant.check and variant.message in f.message]
     assert matching, f"no {variant.check} error mentioning {variant.message!r}; got " + json.dumps(
