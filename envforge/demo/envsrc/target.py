@@ -167,7 +167,7 @@ class Env:
     def _user(self, text):
         w, s = self._w, self._s
         t = " ".join(text.lower().replace("_", " ").split())
-        kind, rec = w["kind"], w["tickets"][w["key"]]
+        rec = w["tickets"][w["key"]]
         if w["close"]:
             return self._close_user(t, rec)
         if rec["status"].replace("_", " ") in t and s["read"]:
