@@ -92,6 +92,10 @@ def test_target_asks_both_sides_of_each_skill(tmp_path):
                       "function": {"name": "get_ticket_details", "arguments": json.dumps({"ticket_id": w["key"]})}}]}
     refuse = lambda w: {"role": "assistant", "content": "Sorry, I can't: ticket {} is {}.".format(  # noqa: E731
         w["key"], w["tickets"][w["key"]]["status"])}
+    polite = lambda w: {"role": "assistant", "content": "Sorry, I can't close ticket {}: it is {}. Anything "  # noqa: E731
+                        "else I can do?".format(w["key"], w["tickets"][w["key"]]["status"])}
+    sorry_ask = lambda w: {"role": "assistant", "content": "Sorry for the wait. Close ticket {} with {}?".format(  # noqa: E731
+        w["key"], w["resolution"])}
     ask = lambda w: {"role": "assistant", "content": "Close ticket {} with {}?".format(w["key"], w["resolution"])}  # noqa: E731
     for seed, w in worlds.items():
         if not w["close"]:
@@ -101,10 +105,12 @@ def test_target_asks_both_sides_of_each_skill(tmp_path):
         if w["waived"]:
             closable = w["tickets"][w["key"]]["status"] == "active"
             assert score(seed, [read(w), refuse(w)]) == (0.0 if closable else 1.0)
+            assert score(seed, [read(w), polite(w)]) == (0.0 if closable else 1.0)  # a question after it
             assert score(seed, [read(w), close(w)]) == (1.0 if closable else 0.0)
             assert score(seed, [close(w)]) == 0.0  # the read is owed
         else:
             assert score(seed, [ask(w), close(w)]) == (1.0 if w["answer"] == "yes" else 0.0)
+            assert score(seed, [sorry_ask(w), close(w)]) == (1.0 if w["answer"] == "yes" else 0.0)
             assert score(seed, [close(w)]) == 0.0  # unasked
             if w["answer"] == "amend":
                 assert score(seed, [ask(w), close(w, w["amend"])]) == 0.0  # the new one is confirmed first

@@ -192,7 +192,7 @@ class Env:
         if s["answered"] == "no":  # right after a no: nothing changed, the ticket was closable
             right = (s["read"] or not self._read_owed()) and rec["status"] == "active"
             return "Thanks. Bye.", "success" if right else "failure"
-        if REFUSE.search(t) and not ASK.search(t):
+        if _refuses(t):
             right = rec["status"] != "active" and rec["status"].replace("_", " ") in t and s["read"]
             return "I see. Thanks for checking. Bye.", "success" if right else "failure"
         if ASK.search(t) and w["key"].lower() in t:
@@ -229,6 +229,13 @@ class Env:
                                 "close ticket is only possible when the status is 'active'.".format(
                                     key, rec["status"]))]
         return out + [_text("Ticket {} has the status '{}'.".format(key, rec["status"]))]
+
+
+def _refuses(text):
+    """A refusal: it says the close cannot be done, and asks nothing or names a blocked status (a
+    question after a refusal, "... is on hold. Anything else?", is still one)."""
+    return bool(REFUSE.search(text)) and (not ASK.search(text) or
+                                          any(b.replace("_", " ") in text for b in BLOCKED))
 
 
 def _names_only(text, resolution):
