@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import statistics
+import signal
 import subprocess
 import sys
 import time
@@ -123,6 +124,24 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     seeds = [int(s) for s in a.seeds.split(",")]
     running, runs = {}, {}
+    # a stopped benchmark stops its runs (SIGTERM, as SIGINT does: the runs are in its process group
+    # but a SIGTERM reaches only this process)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run_seeds(a, seeds, running, runs, env)
+    finally:
+        for proc, *_ in running.values():
+            proc.terminate()
+        for proc, *_ in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def run_seeds(a, seeds: list[int], running: dict, runs: dict, env: dict) -> int:
+    """Run the demo on ``seeds``, ``a.jobs`` at a time (``running``: seed -> (process, out,
+    start, slot)), then print and write the table; 0, or 1 when a run failed."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     jobs = max(1, a.jobs)
     share = max(1, len(cpus) // jobs)
