@@ -30,7 +30,7 @@ from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
 from envforge.demo.config import DemoConfig
-from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable,
+from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable, printable,
                              UsageError)
 from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate.config import GateSettings
@@ -78,7 +78,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except EnvforgeError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {printable(str(e))}", err=True)  # it may quote an env or a model
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)

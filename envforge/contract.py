@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
+from envforge.errors import printable
 from envforge.settings import Settings, setting
 
 CONTRACT_VERSION = 1
@@ -171,6 +172,12 @@ class Finding:
     actual: Any = None
 
     def __post_init__(self) -> None:
+        # a finding quotes what an env said (its errors, its texts): shown on a terminal, it must
+        # not carry control characters
+        self.message = printable(str(self.message))
+        for name in ("expected", "actual"):
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, printable(getattr(self, name)))
         if self.check not in CHECKS:
             raise ValueError(f"unknown check {self.check!r}; known checks: {', '.join(CHECKS)}")
         if self.severity not in ("error", "warning"):

@@ -5,6 +5,16 @@ file), 1 when the work itself failed (the sandbox, the env's code, the model). T
 docs/configuration.md."""
 from __future__ import annotations
 
+#: control characters (C0 but tab and newline, DEL, C1) as visible escapes: text from an env, a
+#: sandbox or a model must not drive the terminal it is printed on (an escape sequence can set
+#: the window title, clear the screen, write the clipboard)
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)] if c not in (0x09, 0x0a)}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as ``\\xNN`` (tab and newline kept)."""
+    return text.translate(_CONTROLS)
+
 
 class EnvforgeError(Exception):
     """Base class. ``str(err)`` is a complete message for a person: what was wrong, and the fix."""
@@ -74,5 +84,6 @@ class EnvCallError(EnvforgeError):
     """
 
     def __init__(self, kind: str, type_: str, message: str, traceback: str = ""):
+        type_, message, traceback = printable(type_), printable(message), printable(traceback)
         super().__init__(f"{type_}: {message}" if type_ else message)
         self.kind, self.type, self.message, self.traceback = kind, type_, message, traceback

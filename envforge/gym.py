@@ -49,7 +49,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import gymnasium
 
@@ -260,9 +260,12 @@ class SandboxEnv(gymnasium.Env):
         super().reset(seed=seed)
         env_seed = seed if seed is not None else int(self.np_random.integers(2**31))
         self._live = False
-        obs, info = self._call("reset", env_seed)
+        result = self._call("reset", env_seed)
+        if not isinstance(result, list) or len(result) != 2:  # the runner checks; a forged reply
+            self._forged("reset", "(observation, info)")
+        self._check_reply("reset", *result)
         self._turns, self._live = 0, True
-        return obs, info
+        return result[0], result[1]
 
     def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
         self._check_step(action)
@@ -285,13 +288,9 @@ class SandboxEnv(gymnasium.Env):
     def _stepped(self, result: Any) -> tuple[dict, float, bool, bool, dict]:
         """The host's checks and turn count on what the env's step returned."""
         if not isinstance(result, list) or len(result) != 5:  # the runner checks; a forged reply
-            err = SandboxProtocolError("step: the sandbox answered something other than "
-                                       "(observation, reward, terminated, truncated, info); "
-                                       "it was killed")
-            self._sandbox.kill()
-            self._failed(err)
-            raise err
+            self._forged("step", "(observation, reward, terminated, truncated, info)")
         obs, reward, terminated, truncated, info = result
+        self._check_reply("step", obs, info)
         if (not isinstance(reward, (int, float)) or isinstance(reward, bool)
                 or not isinstance(terminated, bool) or not isinstance(truncated, bool)
                 or not _finite(reward)):
@@ -304,6 +303,28 @@ class SandboxEnv(gymnasium.Env):
             truncated = True
         self._live = not (terminated or truncated)
         return obs, float(reward), terminated, truncated, info
+
+    def _forged(self, op: str, what: str) -> NoReturn:
+        err = SandboxProtocolError(f"{op}: the sandbox answered something other than {what}; "
+                                   "it was killed")
+        self._sandbox.kill()
+        self._failed(err)
+        raise err
+
+    def _check_reply(self, op: str, obs: Any, info: Any) -> None:
+        """The contract's observation and info, checked here on the host: the gate's probes
+        check them too, but an env may break them only where no probe went, and a trainer must
+        get an error it catches (``EnvCallError``, the episode ends), not a value it crashes on."""
+        if not (isinstance(obs, dict) and isinstance(obs.get("messages"), list)):
+            problem = f"an observation that is not {{'messages': [...]}} but a {type(obs).__name__}"
+        else:
+            problem = next((f"an observation with a message that is not one ({p})" for p in
+                            map(message_problem, obs["messages"]) if p), None)
+        if problem is None and not isinstance(info, dict):
+            problem = f"info that is not a dict but a {type(info).__name__}"
+        if problem:
+            self._live = False
+            raise EnvCallError("contract", "", f"{op} returned {problem}")
 
     def solve(self, seed: int) -> list:
         """The env's reference solution for ``seed`` (for evaluation, never for a policy)."""

@@ -37,10 +37,11 @@ from abc import ABC, abstractmethod
 from typing import Any, NoReturn, Sequence
 
 from envforge.contract import Limits
-from envforge.errors import (EnvCallError, EnvforgeError, SandboxCrashed, SandboxError,
+from envforge.errors import (EnvCallError, EnvforgeError, SandboxCrashed, SandboxError, printable,
                              SandboxProtocolError, SandboxTimeout, UsageError)
 
 
+MAX_DEPTH = 64               # JSON nesting a reply may have (the runner's check; the host's after it)
 SPIN_S = 200e-6
 IDLE_CHECK_S = 0.5            # a call after this long without one checks the sandbox's idle CPU
 IDLE_CPU_S = 0.1              # CPU seconds a sandbox may use while idle, beyond
@@ -200,6 +201,19 @@ class Transport(ABC):
         return None
 
 
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and dicts deeper than ``limit`` (iterative: a
+    deep value must not exhaust the stack that checks it; the trainer's deepcopy and the chat
+    template's rendering recurse on what passes)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)
+                 if isinstance(v, (dict, list))]
+        if not level:
+            return False
+    return True
+
+
 class Sandbox:
     """One live sandbox holding (at most) one loaded env module and its instances."""
 
@@ -287,6 +301,10 @@ class Sandbox:
         if not isinstance(reply, dict) or reply.get("id") != self._next_id:
             self._discard(doomed)
             raise SandboxProtocolError(f"{op}: reply out of step with the request (id {self._next_id})")
+        if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(reply, MAX_DEPTH):
+            self._discard(doomed)  # the runner refuses such a value; a forged reply gets here
+            raise SandboxProtocolError(f"{op}: the sandbox answered a value nested deeper than "
+                                       f"{MAX_DEPTH} levels; it was killed")
         if reply.get("ok"):
             return reply.get("value")
         err = reply.get("error") or {}
@@ -302,7 +320,7 @@ class Sandbox:
         """A call broke at the boundary: the sandbox is killed (Ctrl-C too: a reply would come
         out of step) and the error says which call and why."""
         timed_out = isinstance(e, SandboxTimeout)
-        why = self.transport.describe_exit() if isinstance(e, SandboxError) and not timed_out else ""
+        why = printable(self.transport.describe_exit()) if isinstance(e, SandboxError) and not timed_out else ""
         self._discard(doomed if isinstance(e, Exception) else None)  # Ctrl-C: all of it now
         if timed_out:
             raise SandboxTimeout(f"{op} did not {late} within {timeout:g} s; the sandbox was "

@@ -69,6 +69,9 @@ DENY = KERNEL + (
     "lremovexattr", "fremovexattr", "setuid", "setgid", "setreuid", "setregid", "setresuid",
     "setresgid", "setfsuid", "setfsgid", "setgroups", "setsid", "setpgid", "pidfd_open",
     "pidfd_send_signal",
+    # anonymous files: their pages are not address space, so RLIMIT_AS does not count them (the
+    # shared-memory channel's memfd is the host's, made before the runner starts)
+    "memfd_create", "memfd_secret",
 )
 LOW32 = 0xFFFFFFFF  # ioctl and fcntl commands are 32-bit: the upper half must not dodge a rule
 O_ASYNC = 0o20000
@@ -159,10 +162,16 @@ def safe_str(exc):
         return "<the exception's str() failed>"
 
 
+#: how deep a returned value may nest lists and dicts (the host refuses a reply deeper than
+#: sandbox.base.MAX_DEPTH, this plus the reply's own levels): what the trainer does with an
+#: observation (copies, renders) recurses on it
+MAX_DEPTH = 60
+
+
 def json_problem(value, path, depth=0):
     """Where ``value`` stops being JSON, e.g. "tuple at info['pos']" (None when nowhere)."""
-    if depth > 100:
-        return f"nesting deeper than 100 levels at {path}"
+    if depth > MAX_DEPTH:
+        return f"nesting deeper than {MAX_DEPTH} levels at {path}"
     if value is None or isinstance(value, (str, bool, int)):
         return None
     if isinstance(value, float):
@@ -259,7 +268,8 @@ class Runner:
         ``names``, ``value`` is a list of that many results, checked in one encode and one decode
         (a step's five results cost little more than one), and a failure names the bad one."""
         text = round_trip(value)
-        if text is not None:
+        if text is not None and (text.count("[") + text.count("{") <= MAX_DEPTH  # cannot be too deep
+                                 or json_problem(value, name, -1 if names else 0) is None):
             return text
         pairs = list(zip(value, names)) if names else [(value, name)]
         for v, n in pairs:

@@ -426,3 +426,43 @@ def test_step_all_refuses_a_reward_that_is_not_a_finite_number(no_leak):
         for env in envs:
             env.close()
         pool.close()
+
+
+def test_an_observation_that_breaks_the_contract_ends_the_episode_not_the_caller(tmp_path, no_leak):
+    """An env that answers one kind of action with something that is not an observation (or
+    info that is not a dict) gets an EnvCallError, which rollouts catch, not a value the trainer
+    crashes on; the sandbox lives on (its code ran as written)."""
+    odd = override("""
+        def reset(self, seed):
+            obs, info = _Base.reset(self, seed)
+            if seed == 2:
+                obs["messages"].append({"role": "narrator", "content": "hi"})
+            if seed == 3:
+                info = ["not", "a", "dict"]
+            return obs, info
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = _Base.step(self, action)
+            if action.get("content") == "odd":
+                return ["not an observation"], reward, terminated, truncated, info
+            return obs, reward, terminated, truncated, info
+    """)
+    env = envforge.make(write_env(tmp_path / "odd", odd), backend="process", hash_seed=MARK,
+                        unsafe_skip_gate=True)
+    try:
+        assert play(env, 1)[0] == 1.0  # what the probes would see
+        env.reset(seed=1)
+        sandbox = env.unwrapped._sandbox
+        with pytest.raises(EnvCallError, match=r"^step returned an observation that is not "
+                                               r"\{'messages': \[\.\.\.\]\} but a list$"):
+            env.step({"role": "assistant", "content": "odd"})
+        with pytest.raises(UsageError):  # the episode is over
+            env.step({"role": "assistant", "content": "hi"})
+        with pytest.raises(EnvCallError, match="reset returned an observation with a message that "
+                                               "is not one .*'narrator'"):
+            env.reset(seed=2)
+        with pytest.raises(EnvCallError, match="reset returned info that is not a dict but a list"):
+            env.reset(seed=3)
+        assert env.unwrapped._sandbox is sandbox and play(env, 4)[0] == 1.0
+    finally:
+        env.close()

@@ -221,3 +221,96 @@ def test_the_gate_reports_escapes_as_findings(backend_name):
     robust = [f.message for f in findings if f.check == "robustness"]
     assert robust and any(t in robust[0] for t in ("PermissionError", "OSError")), robust
     assert processes_marked() == []
+
+
+def test_a_value_nested_too_deep_is_refused_before_it_reaches_the_caller(hostile):
+    """JSON nested hundreds deep (json.dumps takes it) would crash the trainer's deepcopy of the
+    messages: the runner refuses it as not JSON enough, and the sandbox lives on."""
+    sb = hostile(env_with(step="v = []\nfor _ in range(900):\n    v = [v]\n" + returning('{"deep": v}')))
+    with pytest.raises(EnvCallError, match=r"step's info is not JSON: nesting deeper than 60 levels") as e:
+        step(sb)
+    assert e.value.kind == "json" and sb.ping()
+    sb = hostile(env_with(step="v = []\nfor _ in range(50):\n    v = [v]\n" + returning('{"deep": v}')))
+    assert step(sb)[4]["deep"]  # 50 levels pass
+
+
+class Scripted:
+    """A transport whose reply to each request is ``answer(request id)``: what a runner that env
+    code took over could write on the protocol channel."""
+
+    def __init__(self, answer):
+        self.answer, self.killed, self.rid = answer, False, None
+
+    def send(self, data, deadline):
+        import json
+        self.rid = json.loads(data)["id"]
+
+    def recv_line(self, timeout, max_bytes):
+        line = self.answer(self.rid)
+        if line is None:
+            raise SandboxCrashed("the runner exited")
+        return line.encode()
+
+    def kill(self):
+        self.killed = True
+
+    stop = kill
+
+    def alive(self):
+        return not self.killed
+
+    def describe_exit(self):
+        return "exit status 1; stderr: \x1b]0;PWNED\x07"
+
+    def cpu_seconds(self):
+        return None
+
+
+def test_a_forged_reply_nested_too_deep_is_a_protocol_error():
+    from sandbox.base import MAX_DEPTH, Sandbox
+
+    def nested(n):
+        return "[" * n + "]" * n
+    sb = Sandbox(Scripted(lambda rid: '{"id": %d, "ok": true, "value": %s}' % (rid, nested(MAX_DEPTH - 1))),
+                 FAST)
+    assert sb.ping() is not None and not sb.transport.killed  # within the limit (the reply's own level counts)
+    sb = Sandbox(Scripted(lambda rid: '{"id": %d, "ok": true, "value": %s}' % (rid, nested(MAX_DEPTH + 1))),
+                 FAST)
+    with pytest.raises(SandboxProtocolError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        sb.ping()
+    assert sb.transport.killed and sb.closed
+
+
+def test_control_characters_from_a_sandbox_are_printed_as_escapes():
+    """An env's error text, traceback and stderr reach the user's terminal through error messages
+    and findings: escape sequences in them (window title, screen clear, clipboard) are shown, not
+    obeyed."""
+    from envforge.contract import Finding
+    from sandbox.base import Sandbox
+    sb = Sandbox(Scripted(lambda rid: '{"id": %d, "ok": false, "error": {"kind": "env", "type": '
+                                      '"Value\\u001bError", "message": "boom \\u001b[2J\\u0007", '
+                                      '"traceback": "line 1\\n\\u009b31m"}}' % rid), FAST)
+    with pytest.raises(EnvCallError) as e:
+        sb.ping()
+    assert str(e.value) == "Value\\x1bError: boom \\x1b[2J\\x07"
+    assert e.value.traceback == "line 1\n\\x9b31m"  # newlines kept
+    finding = Finding("robustness", "error", f"reset raised {e.value}", actual="\x1b[31m")
+    assert "\x1b" not in finding.message and finding.actual == "\\x1b[31m"
+    sb = Sandbox(Scripted(lambda rid: None), FAST)  # no reply: the runner is gone
+    with pytest.raises(SandboxCrashed) as e:
+        sb.ping()
+    assert "\x1b" not in str(e.value) and "\\x1b]0;PWNED\\x07" in str(e.value)
+
+
+def test_anonymous_memory_files_are_denied(hostile):
+    """memfd pages are not address space: the process sandbox's memory rlimit would not count
+    them (a container's memory cgroup does: Docker allows them)."""
+    if hostile.backend == "docker":
+        pytest.skip("Docker: the container's memory cgroup counts memfd pages")
+    from sandbox.process import ProcessBackend
+    if "seccomp" not in ProcessBackend().isolation_layers():
+        pytest.skip("no seccomp here (pip install pyseccomp)")
+    sb = hostile(env_with(step="import os\ntry:\n    os.memfd_create('x')\n    made = 'made'\n"
+                               "except OSError as e:\n    made = e.errno\n" + returning('{"made": made}')))
+    import errno
+    assert step(sb)[4]["made"] == errno.EPERM
