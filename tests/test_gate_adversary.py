@@ -292,3 +292,74 @@ def test_words_that_recur_by_chance_do_not_tell_the_decision():
     group = [{"ticket", "closed", rng.choice(names)} for _ in range(12)]
     rest = [{"ticket", rng.choice(names)} for _ in range(12)]
     assert _cover(group, rest) == ["closed"]
+
+
+# A second red team (2026-11-27) wrote envs the gate accepted; the holes, closed in general,
+# each tried here by a variant of our own on the clean env.
+ROUND2 = {
+    # an empty reply after the checks counts as a correct decision, whatever the case
+    "empty_reply_decides": (override(PAY.format(
+        condition='text == "" and self._checked() and not ' + CALLS)), "free_reward", "reply instead of its write"),
+    # a reply of some length band after the checks decides: the drawn sizes stepped over it
+    "length_band_decides": (override(PAY.format(
+        condition='isinstance(text, str) and 1600 <= len(text) <= 5000 and self._checked()')),
+        "free_reward", "reply instead of its write"),
+    # 'at least' the asked level is taken for the asked one (a >= where == is meant)
+    "any_higher_level": (override("""
+            def _write_outcome(self, name, args):
+                if name == "grant_access" and args.get("level") == "admin":
+                    args = dict(args, level=self._sc.get("level"))
+                return _Base._write_outcome(self, name, args)
+        """), "partial_credit", "to 'admin'"),
+    # fewer days than asked are taken for the days asked (a <= where == is meant)
+    "fewer_days": (override("""
+            def _write_outcome(self, name, args):
+                if name == "extend_laptop_loan" and isinstance(args.get("days"), int) \\
+                        and 0 < args["days"] < (self._sc.get("days") or 0):
+                    args = dict(args, days=self._sc.get("days"))
+                return _Base._write_outcome(self, name, args)
+        """), "partial_credit", "never lowers the score"),
+    # a confirmation kept from an earlier episode of the instance (reset never clears it)
+    "confirmation_remembered": (override("""
+            def _write_outcome(self, name, args):
+                if self._confirmed:
+                    Env.ever = True
+                self._confirmed = self._confirmed or getattr(Env, "ever", False)
+                return _Base._write_outcome(self, name, args)
+        """), "determinism", "fresh"),
+    # reading the ticket again stands in for the user's confirmation
+    "reread_confirms": (override("""
+            def _dispatch(self, name, args):
+                again = name == "get_ticket_details" and self._ticket_read
+                out = _Base._dispatch(self, name, args)
+                self._confirmed = self._confirmed or again
+                return out
+        """), "free_reward", "every read made twice"),
+    # the system prompt says how the request will end
+    "decision_in_system_prompt": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                obs["messages"][0]["content"] += " Case file: " + ("flagged" if self._sc["blocker"] else "clear") + "."
+                return obs, info
+        """), "free_reward", "opening message"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND2))
+def test_attack_of_the_second_red_team_is_rejected(tmp_path, name):
+    source, check, message = ROUND2[name]
+    assert audit_static(source).ok, "the attack must pass the static audit"
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
+    report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
+    found = [f.to_dict() for f in report.findings if f.severity == "error"]
+    assert report.verdict == "reject"
+    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+def test_sized_replies_cover_every_length_from_empty_to_the_longest():
+    from envforge.gate.dynamic import Draws
+    for probe_seed in range(5):
+        sizes = sorted(len(t) for t in Draws(probe_seed, GateSettings()).sized)
+        assert sizes[0] == 0 and sizes[-1] >= 1500
+        for lo in (10, 100, 1000):  # some text within a factor of two of every length
+            assert any(lo <= s < 2 * lo for s in sizes), (probe_seed, lo, sizes)

@@ -79,6 +79,12 @@ class Draws:
                       for _ in range(16)]
         self.texts.append(self.text(rng, settings.long_text_chars))
         self.rng = rng
+        # replies of any length, from 0 characters to the longest (log-uniform, one from each
+        # fifteenth of the log scale; a stream of their own so that the draws above stay what
+        # they were): a reward that pays a text of some length band must not find the sizes
+        # above (8, 30, ... 1500, 6000) stepping over it
+        sized, top = random.Random(f"sized texts {probe_seed}"), math.log(settings.long_text_chars)
+        self.sized = [""] + [self.text(sized, int(math.exp(sized.uniform(i, i + 1) * top / 15))) for i in range(15)]
 
     @staticmethod
     def text(rng: random.Random, size: int) -> str:
@@ -554,6 +560,15 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     for check, how, run, hint in comparisons:
         if not all(_same(e, run(e), check, how, findings, hint) for e in replays):
             return
+    # episodes first played after many others in one instance, each replayed in an instance of
+    # its own that played nothing before: an env that keeps something of an earlier episode (a
+    # confirmation counted, a record marked checked) scores the later ones otherwise
+    later = [e for e in perturbed if e.ok][:6] + [e for e in contrast if e.ok][:10]
+    if not all(_same(e, host.replay(f"fresh{k}", e, "replay"), "determinism",
+                     "the same seed and actions in a fresh instance (first played after other episodes)",
+                     findings, " Keep no state across episodes: reset must forget the last one.")
+               for k, e in enumerate(later)):
+        return
     if not _isolation(host, reference, findings):
         return
     if not _isolation(host, reference[:4], findings, *probes.many_instances(host, draws)):
@@ -566,7 +581,9 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     # others are dealt out among them
     everywhere, dealt = reference[:1] + malformed, reference[1:] + random_ok
     for k, other in enumerate(others):
-        mine = everywhere + dealt[k::len(others)]
+        # the later-played episodes first, before anything could leave state behind in the
+        # process (a class attribute is shared by the fresh instances above)
+        mine = later[k::len(others)] + everywhere + dealt[k::len(others)]
         if not mine:
             return
         if time.monotonic() > host.deadline:
@@ -696,8 +713,31 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         findings.add("free_reward", f"the reference's words alone (its tool calls removed) earn the full "
                      f"score on {len(full)} of {len(words)} seeds (e.g. seed {full[0]}): the reward must "
                      "need the tool calls, not a phrase.")
+    # the reference's reads, then a reply instead of its write (empty, or a text of any length):
+    # on a seed where the reference writes, no text may earn what the write does
+    instead, paid = 0, []
+    for e in solved:
+        if instead >= 8:
+            break
+        first = next((i for i, a in enumerate(e.actions) if any(
+            kinds.get(c["function"]["name"]) not in ("read", "escalation") for c in a.get("tool_calls") or [])), None)
+        if first is None:
+            continue
+        reads = [a for a in e.actions[:first] if a.get("tool_calls")]
+        instead += 1
+        for text in draws.sized:
+            ep = host.episode("a", e.seed, scripted(reads + [assistant(text)]), "reads, then a reply")
+            if ep.ok and ep.score >= e.score - 1e-6:
+                paid.append((e.seed, len(text)))
+                break
+    if len(paid) >= 2 and len(paid) * 4 >= instead:
+        findings.add("free_reward", f"the reference's reads followed by a reply instead of its write "
+                     f"earn the full score on {len(paid)} of {instead} seeds where the reference writes "
+                     f"(e.g. seed {paid[0][0]}, a reply of {paid[0][1]} characters): the write must be "
+                     "what earns it, not a text of some kind.", key=("free_reward", "reads then reply"))
     # each write argument changed in turn
     tried: dict[tuple[str, str], list] = {}
+    each: dict[tuple[str, str, str], list] = {}  # (tool, argument, value): see below
     contrast: list[ProbeEpisode] = []  # changed arguments that lowered the score (replayed after the resets)
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         for i, a in enumerate(e.actions):
@@ -709,16 +749,32 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                 props = _properties(by_name, name)
                 for key in sorted(args):
                     new = _other_value(args[key], props.get(key))
+                    # every other choice of an enum, one less of an integer: each must lower the
+                    # score somewhere (a comparison written >= or <=, an 'at least' level, lets
+                    # one value through on every seed)
+                    extras = [v for v in _more_values(args[key], props.get(key), new)
+                              if not each.get((name, key, canonical_json(v)), [False])[0]
+                              and each.get((name, key, canonical_json(v)), [False, 0])[1] < 3]
                     rec = tried.get((name, key), [False, 0])
-                    if new is _SKIP or rec[0] or rec[1] >= 3:
-                        continue
-                    plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
-                    ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
-                    rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
-                    rec[0] |= not ep.ok or ep.score < e.score - 1e-6
-                    rec[1] += 1
-                    if ep.ok and ep.score < e.score - 1e-6:
-                        contrast.append(ep)
+                    here = False  # the first change lowered the score on this seed
+                    if new is not _SKIP and ((not rec[0] and rec[1] < 3) or extras):
+                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
+                        ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
+                        rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
+                        here = not ep.ok or ep.score < e.score - 1e-6
+                        rec[0] |= here
+                        rec[1] += 1
+                        if ep.ok and ep.score < e.score - 1e-6:
+                            contrast.append(ep)
+                    for other in extras:
+                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: other}, call.get("id", "call_0")))
+                        ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
+                        # lowered, tries, a seed, the value, seeds where the first change lowered and this did not
+                        r = each.setdefault((name, key, canonical_json(other)), [False, 0, e.seed, other, 0])
+                        lowered = not ep.ok or ep.score < e.score - 1e-6
+                        r[0] |= lowered
+                        r[1] += 1
+                        r[4] += here and not lowered
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
     # time was tried (issue 15's red team): good template envs credit the record read but not
     # the look-up that finds it (the reference knows the id), which looks the same from outside
@@ -739,6 +795,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # the checks (reads that find no id a later call sends) must matter; with a capability
     # about reading, whether to act must not be readable off the opening message
     contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
+    contrast = probes.texts_that_matter(host, solved, kinds, findings) + contrast  # first: replayed fresh
     if gathering:
         probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
@@ -747,6 +804,13 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
                          "checks it, so the agent learns nothing about getting it right.",
                          key=("unchecked", name, key))
+    for (name, key, _), (lowered, n, seed, value, beside) in each.items():
+        if not lowered and (n >= 2 or beside) and tried.get((name, key), [True])[0]:
+            findings.add("partial_credit", f"setting the argument {key!r} of the write {name} to "
+                         f"{value!r} in the reference never lowers the score ({n} seeds, e.g. seed "
+                         f"{seed}), though other values do: the env lets that value through where it "
+                         "is wrong (a comparison such as >= where == is meant?).",
+                         key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
     probes.argument_probes(host, solved, by_name, draws, settings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
@@ -832,6 +896,22 @@ def _other_value(value: Any, schema: Any) -> Any:
     if isinstance(value, list) and value:
         return value[:-1]
     return _SKIP
+
+
+def _more_values(value: Any, schema: Any, first: Any) -> list:
+    """Changes of ``value`` beyond ``first`` (``_other_value``'s): the enum's other choices; one
+    less of an integer (within the schema's minimum), and the minimum itself (a ratio or a
+    difference written the wrong way round is far out there)."""
+    schema = schema if isinstance(schema, dict) else {}
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        return [x for x in enum if x != value and x != first][:6]
+    if isinstance(value, int) and not isinstance(value, bool):
+        low = schema.get("minimum")
+        if not isinstance(low, int) or isinstance(low, bool):
+            return [value - 1]
+        return [x for x in dict.fromkeys((value - 1, low)) if low <= x < value and x != first]
+    return []
 
 
 def _extreme(value: Any, schema: Any, rng: random.Random, long: int) -> Any:

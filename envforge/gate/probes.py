@@ -376,7 +376,9 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
 
 def _opening_words(obs: Any) -> set[str]:
     messages = obs.get("messages") if isinstance(obs, dict) else None
-    text = " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict) and m.get("role") != "system")
+    # the system prompt too: one that differs between seeds can tell the decision as well as the
+    # user's words (a red team's env wrote it there)
+    text = " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict))
     return set(re.findall(r"[a-z]{3,}", text.lower()))
 
 
@@ -432,3 +434,38 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
                          "decides out of the user's words; let only the reads show it.",
                          key=("free_reward", "decision in opening"))
             return
+
+
+def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
+    """The reference's tool calls without its texts (what it asked or told the user), on seeds
+    where it says something before it acts. Where that lowers the score the texts matter, and
+    then the same calls with every read made twice must score lower too: an env that takes a
+    repeated read for the user's confirmation lets the agent skip asking. Returns the calls-only
+    episodes (replayed later in fresh instances: an env that remembers an earlier episode's
+    confirmation scores them otherwise there)."""
+    from envforge.gate.dynamic import scripted
+    out, lowered, paid = [], 0, []
+    for e in solved:
+        if len(out) >= 8:
+            break
+        calls = [a for a in e.actions if a.get("tool_calls")]
+        said = [i for i, a in enumerate(e.actions) if not a.get("tool_calls") and (a.get("content") or "").strip()]
+        if not calls or not said or not _acts(e.actions, kinds) or said[0] > max(
+                i for i, a in enumerate(e.actions) if a.get("tool_calls")):
+            continue
+        ep = host.episode("a", e.seed, scripted(calls), "calls only")
+        out.append(ep)
+        if not ep.ok or ep.score >= e.score - 1e-6:
+            continue
+        lowered += 1
+        twice = [b for a in calls for b in ([a, a] if _reads(a, kinds) and len(_reads(a, kinds)) == len(a["tool_calls"]) else [a])]
+        if twice != calls:
+            again = host.episode("a", e.seed, scripted(twice), "calls only, reads twice")
+            if again.ok and again.score >= e.score - 1e-6:
+                paid.append(e.seed)
+    if len(paid) >= 2 and len(paid) * 4 >= lowered:
+        findings.add("free_reward", f"without the reference's texts the score falls, but with every read "
+                     f"made twice it is full again ({len(paid)} of {lowered} seeds, e.g. seed {paid[0]}): "
+                     "a repeated read stands in for what the agent must say (a confirmation?).",
+                     key=("free_reward", "reads for texts"))
+    return out
