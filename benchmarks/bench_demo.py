@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_seeds(a, seeds, running, runs, env)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut this short
         for proc, *_ in running.values():
             proc.terminate()
         for proc, *_ in running.values():

@@ -30,8 +30,8 @@ from envforge import identify as ident
 from envforge import synth as S
 from envforge.contract import Limits
 from envforge.demo.config import DemoConfig
-from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable, printable,
-                             UsageError)
+from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUnavailable, UsageError,
+                             printable)
 from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate.config import GateSettings
 from envforge.progress import Step

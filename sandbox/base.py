@@ -202,15 +202,15 @@ class Transport(ABC):
 
 
 def too_deep(value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) nests lists and dicts deeper than ``limit`` (iterative: a
-    deep value must not exhaust the stack that checks it; the trainer's deepcopy and the chat
-    template's rendering recurse on what passes)."""
-    level = [value]
+    """Whether ``value`` (parsed JSON) nests lists and dicts more than ``limit`` deep (``[]`` is
+    1, ``[[]]`` 2; iterative: a deep value must not exhaust the stack that checks it; the
+    trainer's deepcopy and the chat template's rendering recurse on what passes)."""
+    level = [value] if isinstance(value, (dict, list)) else []  # containers at depth 1, 2, ...
     for _ in range(limit + 1):
-        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)
-                 if isinstance(v, (dict, list))]
         if not level:
             return False
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)
+                 if isinstance(v, (dict, list))]
     return True
 
 

@@ -318,7 +318,7 @@ ROUND2 = {
                         and 0 < args["days"] < (self._sc.get("days") or 0):
                     args = dict(args, days=self._sc.get("days"))
                 return _Base._write_outcome(self, name, args)
-        """), "partial_credit", "never lowers the score"),
+        """), "partial_credit", "though other values do"),
     # a confirmation kept from an earlier episode of the instance (reset never clears it)
     "confirmation_remembered": (override("""
             def _write_outcome(self, name, args):
@@ -326,7 +326,7 @@ ROUND2 = {
                     Env.ever = True
                 self._confirmed = self._confirmed or getattr(Env, "ever", False)
                 return _Base._write_outcome(self, name, args)
-        """), "determinism", "fresh"),
+        """), "determinism", "fresh process"),
     # reading the ticket again stands in for the user's confirmation
     "reread_confirms": (override("""
             def _dispatch(self, name, args):
@@ -353,6 +353,17 @@ def test_attack_of_the_second_red_team_is_rejected(tmp_path, name):
     report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
     found = [f.to_dict() for f in report.findings if f.severity == "error"]
     assert report.verdict == "reject"
+    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+@pytest.mark.parametrize("probe_seed", [1, 2, 3])
+def test_a_flag_kept_on_the_class_is_found_whatever_the_draw(tmp_path, probe_seed):
+    """The fresh processes replay the reference's calls alone before anything else: a perturbed
+    reference still confirms, and played first it would set the flag again."""
+    source, check, message = ROUND2["confirmation_remembered"]
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=probe_seed)
+    report = audit(write_env(tmp_path / "remembered", source), settings=settings, write_report=False)
+    found = [f.to_dict() for f in report.findings if f.severity == "error"]
     assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
 
 

@@ -500,7 +500,7 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     _hypothesis_run(findings, "robustness", lambda: _robustness(host, tools, settings, draws))
 
     say("does the env test its capability")
-    contrast = _capability(host, by_name, solved, settings, findings, stats, draws)
+    contrast, calls_only = _capability(host, by_name, solved, settings, findings, stats, draws)
 
     def mean(eps: list[ProbeEpisode]) -> float:
         done = [e.score for e in eps if e.ok]
@@ -563,7 +563,9 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     # episodes first played after many others in one instance, each replayed in an instance of
     # its own that played nothing before: an env that keeps something of an earlier episode (a
     # confirmation counted, a record marked checked) scores the later ones otherwise
-    later = [e for e in perturbed if e.ok][:6] + [e for e in contrast if e.ok][:10]
+    # the reference's calls alone first: dealt out below, one of them is the first episode of each
+    # fresh process (a perturbed reference still confirms, and would set a flag kept on the class)
+    later = [e for e in calls_only if e.ok][:8] + [e for e in perturbed if e.ok][:4] + [e for e in contrast if e.ok][:4]
     if not all(_same(e, host.replay(f"fresh{k}", e, "replay"), "determinism",
                      "the same seed and actions in a fresh instance (first played after other episodes)",
                      findings, " Keep no state across episodes: reset must forget the last one.")
@@ -697,7 +699,8 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     capabilities about gathering or checking), its tools'
     arguments varied (``probes.argument_probes``), episodes played to max_turns, and whether
     every argument it sends could be known from what the agent saw (solvability from
-    observations only). Returns the changed-argument episodes that lowered the score."""
+    observations only). Returns the changed-argument episodes that lowered the score, and the
+    reference's calls without its texts (``probes.texts_that_matter``)."""
     from envforge.tools import tool_kind
 
     kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
@@ -713,14 +716,17 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         findings.add("free_reward", f"the reference's words alone (its tool calls removed) earn the full "
                      f"score on {len(full)} of {len(words)} seeds (e.g. seed {full[0]}): the reward must "
                      "need the tool calls, not a phrase.")
-    # the reference's reads, then a reply instead of its write (empty, or a text of any length):
-    # on a seed where the reference writes, no text may earn what the write does
+    # the reference's calls before its write, then a reply instead of it (empty, or a text of any
+    # length): on a seed where the reference writes, a text earning what the write does on two
+    # seeds or more (a quarter of them) is a finding (one could be a seed where the write is optional)
     instead, paid = 0, []
     for e in solved:
         if instead >= 8:
             break
-        first = next((i for i, a in enumerate(e.actions) if any(
-            kinds.get(c["function"]["name"]) not in ("read", "escalation") for c in a.get("tool_calls") or [])), None)
+        kinds_at = [[kinds.get(_call_name(c)) for c in a.get("tool_calls") or []] for a in e.actions]
+        first = next((i for i, ks in enumerate(kinds_at) if "write" in ks), None)
+        if first is None:  # no call named a write: the first that is neither a read nor a transfer
+            first = next((i for i, ks in enumerate(kinds_at) if any(k not in ("read", "escalation") for k in ks)), None)
         if first is None:
             continue
         reads = [a for a in e.actions[:first] if a.get("tool_calls")]
@@ -736,45 +742,71 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                      f"(e.g. seed {paid[0][0]}, a reply of {paid[0][1]} characters): the write must be "
                      "what earns it, not a text of some kind.", key=("free_reward", "reads then reply"))
     # each write argument changed in turn
-    tried: dict[tuple[str, str], list] = {}
-    each: dict[tuple[str, str, str], list] = {}  # (tool, argument, value): see below
+    tried: dict[tuple[str, str], list] = {}  # (tool, argument): lowered, tries (3 at most), a seed
+    # (tool, argument, change): lowered, tries, a seed, the value, seeds where the first change
+    # lowered the score and this one did not; a change is an enum's other choice (by value), or
+    # "one less" or "the minimum" of an integer (by kind: the values differ from seed to seed)
+    each: dict[tuple[str, str, str], list] = {}
     contrast: list[ProbeEpisode] = []  # changed arguments that lowered the score (replayed after the resets)
+
+    def open_(k) -> bool:  # a change not yet seen to lower the score, and not yet judged
+        r = each.get(k)
+        return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 4)
+
+    def vary(e, i, j, name, args, key, schema, cid, extra=False):
+        new = _other_value(args[key], schema)
+        extras = [(label, v) for label, v in _more_values(args[key], schema, new)
+                  if open_((name, key, label))]
+        rec = tried.get((name, key), [False, 0])
+        counted = not extra and not rec[0] and rec[1] < 3  # the first change's own tries, as before
+        here = False  # the first change lowered the score on this seed
+        if new is not _SKIP and (counted or extras):
+            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: new}, cid))),
+                              f"changed {name}.{key}")
+            here = not ep.ok or ep.score < e.score - 1e-6
+            if counted:
+                rec = tried.setdefault((name, key), [False, 0, e.seed])
+                rec[0] |= here
+                rec[1] += 1
+                if ep.ok and here:
+                    contrast.append(ep)
+        for label, other in extras:
+            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: other}, cid))),
+                              f"changed {name}.{key}")
+            r = each.setdefault((name, key, label), [False, 0, e.seed, other, 0])
+            lowered = not ep.ok or ep.score < e.score - 1e-6
+            r[0] |= lowered
+            r[1] += 1
+            r[4] += here and not lowered
+
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
-                name = call["function"]["name"]
+                name = _call_name(call)
                 args = _json_args(call)
-                if kinds.get(name) in ("read", "escalation") or not args:
+                if name is None or kinds.get(name) in ("read", "escalation") or not args:
                     continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
-                    new = _other_value(args[key], props.get(key))
-                    # every other choice of an enum, one less of an integer: each must lower the
-                    # score somewhere (a comparison written >= or <=, an 'at least' level, lets
-                    # one value through on every seed)
-                    extras = [v for v in _more_values(args[key], props.get(key), new)
-                              if not each.get((name, key, canonical_json(v)), [False])[0]
-                              and each.get((name, key, canonical_json(v)), [False, 0])[1] < 3]
-                    rec = tried.get((name, key), [False, 0])
-                    here = False  # the first change lowered the score on this seed
-                    if new is not _SKIP and ((not rec[0] and rec[1] < 3) or extras):
-                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: new}, call.get("id", "call_0")))
-                        ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
-                        rec = tried.setdefault((name, key), [False, 0, e.seed])  # lowered, tries, a seed
-                        here = not ep.ok or ep.score < e.score - 1e-6
-                        rec[0] |= here
-                        rec[1] += 1
-                        if ep.ok and ep.score < e.score - 1e-6:
-                            contrast.append(ep)
-                    for other in extras:
-                        plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: other}, call.get("id", "call_0")))
-                        ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
-                        # lowered, tries, a seed, the value, seeds where the first change lowered and this did not
-                        r = each.setdefault((name, key, canonical_json(other)), [False, 0, e.seed, other, 0])
-                        lowered = not ep.ok or ep.score < e.score - 1e-6
-                        r[0] |= lowered
-                        r[1] += 1
-                        r[4] += here and not lowered
+                    vary(e, i, j, name, args, key, props.get(key), call.get("id", "call_0"))
+    for extra in range(20):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
+        if not any(open_(k) for k in each):
+            break
+        seed = draws.rng.randrange(2**31)
+        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
+        if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
+            continue
+        e = host.episode("a", seed, scripted(plan), "reference")
+        if not (e.ok and abs(e.score - 1.0) < 1e-6):
+            continue
+        for i, a in enumerate(e.actions):
+            for j, call in enumerate(a.get("tool_calls") or [] if isinstance(a.get("tool_calls"), list) else []):
+                name = _call_name(call)
+                args = _json_args(call) if name else None
+                for key in sorted(args or {}):
+                    if any(k[:2] == (name, key) and open_(k) for k in each):
+                        vary(e, i, j, name, args, key, _properties(by_name, name).get(key),
+                             call.get("id", "call_0"), extra=True)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
     # time was tried (issue 15's red team): good template envs credit the record read but not
     # the look-up that finds it (the reference knows the id), which looks the same from outside
@@ -795,7 +827,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # the checks (reads that find no id a later call sends) must matter; with a capability
     # about reading, whether to act must not be readable off the opening message
     contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
-    contrast = probes.texts_that_matter(host, solved, kinds, findings) + contrast  # first: replayed fresh
+    calls_only = probes.texts_that_matter(host, solved, kinds, findings)
     if gathering:
         probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
@@ -804,13 +836,13 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
                          "checks it, so the agent learns nothing about getting it right.",
                          key=("unchecked", name, key))
-    for (name, key, _), (lowered, n, seed, value, beside) in each.items():
-        if not lowered and (n >= 2 or beside) and tried.get((name, key), [True])[0]:
-            findings.add("partial_credit", f"setting the argument {key!r} of the write {name} to "
-                         f"{value!r} in the reference never lowers the score ({n} seeds, e.g. seed "
-                         f"{seed}), though other values do: the env lets that value through where it "
-                         "is wrong (a comparison such as >= where == is meant?).",
-                         key=("let through", name, key))
+    for (name, key, label), (lowered, n, seed, value, beside) in each.items():
+        if not lowered and n >= 2 and beside and tried.get((name, key), [False])[0]:
+            what = f"to {value!r}" if label.startswith("=") else f"to {label} ({value!r} on seed {seed})"
+            findings.add("partial_credit", f"setting the argument {key!r} of the write {name} {what} "
+                         f"in the reference never lowers the score ({n} seeds, e.g. seed {seed}), though "
+                         "other values do: the env lets that value through where it is wrong (a "
+                         "comparison such as >= where == is meant?).", key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
     probes.argument_probes(host, solved, by_name, draws, settings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
@@ -867,10 +899,16 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          f"{example[0]}), a choice no message before the call shows ({hidden} of {n} "
                          "calls alike): a policy that sees only the observations can only guess it. "
                          "Show it in the user's messages or in a tool result.", key=("hidden", name, key))
-    return contrast
+    return contrast, calls_only
 
 
 _SKIP = object()
+
+
+def _call_name(call: Any) -> str | None:
+    f = call.get("function") if isinstance(call, dict) else None
+    name = f.get("name") if isinstance(f, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _json_args(call: dict) -> dict | None:
@@ -905,12 +943,13 @@ def _more_values(value: Any, schema: Any, first: Any) -> list:
     schema = schema if isinstance(schema, dict) else {}
     enum = schema.get("enum")
     if isinstance(enum, list):
-        return [x for x in enum if x != value and x != first][:6]
+        return [("=" + canonical_json(x), x) for x in enum if x != value and x != first][:12]
     if isinstance(value, int) and not isinstance(value, bool):
         low = schema.get("minimum")
         if not isinstance(low, int) or isinstance(low, bool):
-            return [value - 1]
-        return [x for x in dict.fromkeys((value - 1, low)) if low <= x < value and x != first]
+            return [("one less", value - 1)]
+        out = [("one less", value - 1)] if value - 1 >= low and value - 1 != first else []
+        return out + ([("the minimum", low)] if low < value - 1 and low != first else [])
     return []
 
 
