@@ -123,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     seeds = [int(s) for s in a.seeds.split(",")]
-    running, runs = {}, {}
+    running: dict = {}  # seed -> (process, out, start, slot)
     # a stopped benchmark stops its runs (SIGTERM, as SIGINT does: the runs are in its process group
     # but a SIGTERM reaches only this process)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        return run_seeds(a, seeds, running, runs, env)
+        return run_seeds(a, seeds, running, env)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut this short
         for proc, *_ in running.values():
@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
 
 
-def run_seeds(a, seeds: list[int], running: dict, runs: dict, env: dict) -> int:
-    """Run the demo on ``seeds``, ``a.jobs`` at a time (``running``: seed -> (process, out,
-    start, slot)), then print and write the table; 0, or 1 when a run failed."""
+def run_seeds(a, seeds: list[int], running: dict, env: dict) -> int:
+    """Run the demo on ``seeds``, ``a.jobs`` at a time (kept in ``running`` while they run), then
+    print and write the table; 0, or 1 when a run failed."""
+    runs = {}
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     jobs = max(1, a.jobs)
     share = max(1, len(cpus) // jobs)

@@ -252,15 +252,20 @@ READS = {
 }
 
 
+def audited(tmp_path, name: str, source: str, probe_seed: int = 15):
+    """(verdict, error findings) of the full gate on ``source``, at 30 seeds (profiles are read on
+    the loan requests, a quarter of the seeds)."""
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=probe_seed)
+    report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
+    return report.verdict, [f.to_dict() for f in report.findings if f.severity == "error"]
+
+
 @pytest.mark.parametrize("name", sorted(READS))
 def test_reads_that_decide_nothing_are_rejected(tmp_path, name):
     source, check, message = READS[name]
     assert audit_static(source).ok, "the attack must pass the static audit"
-    # 30 seeds: profiles are read on the loan requests, a quarter of the seeds
-    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
-    report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
-    found = [f.to_dict() for f in report.findings if f.severity == "error"]
-    assert report.verdict == "reject"
+    verdict, found = audited(tmp_path, name, source)
+    assert verdict == "reject"
     assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
 
 
@@ -349,10 +354,8 @@ ROUND2 = {
 def test_attack_of_the_second_red_team_is_rejected(tmp_path, name):
     source, check, message = ROUND2[name]
     assert audit_static(source).ok, "the attack must pass the static audit"
-    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
-    report = audit(write_env(tmp_path / name, source), settings=settings, write_report=False)
-    found = [f.to_dict() for f in report.findings if f.severity == "error"]
-    assert report.verdict == "reject"
+    verdict, found = audited(tmp_path, name, source)
+    assert verdict == "reject"
     assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
 
 
@@ -361,9 +364,7 @@ def test_a_flag_kept_on_the_class_is_found_whatever_the_draw(tmp_path, probe_see
     """The fresh processes replay the reference's calls alone before anything else: a perturbed
     reference still confirms, and played first it would set the flag again."""
     source, check, message = ROUND2["confirmation_remembered"]
-    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=probe_seed)
-    report = audit(write_env(tmp_path / "remembered", source), settings=settings, write_report=False)
-    found = [f.to_dict() for f in report.findings if f.severity == "error"]
+    found = audited(tmp_path, "remembered", source, probe_seed)[1]
     assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
 
 

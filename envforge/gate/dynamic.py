@@ -562,9 +562,9 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
             return
     # episodes first played after many others in one instance, each replayed in an instance of
     # its own that played nothing before: an env that keeps something of an earlier episode (a
-    # confirmation counted, a record marked checked) scores the later ones otherwise
-    # the reference's calls alone first: dealt out below, one of them is the first episode of each
-    # fresh process (a perturbed reference still confirms, and would set a flag kept on the class)
+    # confirmation counted, a record marked checked) scores the later ones otherwise. The
+    # reference's calls alone come first: dealt out below, one of them is the first episode of
+    # each fresh process (a perturbed reference still confirms, and would set a class flag again)
     later = [e for e in calls_only if e.ok][:8] + [e for e in perturbed if e.ok][:4] + [e for e in contrast if e.ok][:4]
     if not all(_same(e, host.replay(f"fresh{k}", e, "replay"), "determinism",
                      "the same seed and actions in a fresh instance (first played after other episodes)",
@@ -749,21 +749,23 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     each: dict[tuple[str, str, str], list] = {}
     contrast: list[ProbeEpisode] = []  # changed arguments that lowered the score (replayed after the resets)
 
-    def open_(k) -> bool:  # a change not yet seen to lower the score, and not yet judged
+    def undecided(k) -> bool:  # a change not yet seen to lower the score, and not yet judged
         r = each.get(k)
         return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 4)
 
     def vary(e, i, j, name, args, key, schema, cid, extra=False):
         new = _other_value(args[key], schema)
         extras = [(label, v) for label, v in _more_values(args[key], schema, new)
-                  if open_((name, key, label))]
+                  if undecided((name, key, label))]
         rec = tried.get((name, key), [False, 0])
         counted = not extra and not rec[0] and rec[1] < 3  # the first change's own tries, as before
         here = False  # the first change lowered the score on this seed
-        if new is not _SKIP and (counted or extras):
-            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: new}, cid))),
+        def changed(value) -> tuple[ProbeEpisode, bool]:  # the episode, and whether it scored lower
+            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))),
                               f"changed {name}.{key}")
-            here = not ep.ok or ep.score < e.score - 1e-6
+            return ep, not ep.ok or ep.score < e.score - 1e-6
+        if new is not _SKIP and (counted or extras):
+            ep, here = changed(new)
             if counted:
                 rec = tried.setdefault((name, key), [False, 0, e.seed])
                 rec[0] |= here
@@ -771,42 +773,33 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                 if ep.ok and here:
                     contrast.append(ep)
         for label, other in extras:
-            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: other}, cid))),
-                              f"changed {name}.{key}")
+            lowered = changed(other)[1]
             r = each.setdefault((name, key, label), [False, 0, e.seed, other, 0])
-            lowered = not ep.ok or ep.score < e.score - 1e-6
             r[0] |= lowered
             r[1] += 1
             r[4] += here and not lowered
 
-    for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
+    def vary_calls(e, extra=False):
         for i, a in enumerate(e.actions):
-            for j, call in enumerate(a.get("tool_calls") or []):
+            calls = a.get("tool_calls")
+            for j, call in enumerate(calls if isinstance(calls, list) else []):
                 name = _call_name(call)
-                args = _json_args(call)
+                args = _json_args(call) if name else None
                 if name is None or kinds.get(name) in ("read", "escalation") or not args:
                     continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
-                    vary(e, i, j, name, args, key, props.get(key), call.get("id", "call_0"))
-    for extra in range(20):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
-        if not any(open_(k) for k in each):
+                    if not extra or any(k[:2] == (name, key) and undecided(k) for k in each):
+                        vary(e, i, j, name, args, key, props.get(key), call.get("id", "call_0"), extra)
+
+    for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
+        vary_calls(e)
+    for _ in range(20):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
+        if not any(undecided(k) for k in each):
             break
-        seed = draws.rng.randrange(2**31)
-        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
-        if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
-            continue
-        e = host.episode("a", seed, scripted(plan), "reference")
-        if not (e.ok and abs(e.score - 1.0) < 1e-6):
-            continue
-        for i, a in enumerate(e.actions):
-            for j, call in enumerate(a.get("tool_calls") or [] if isinstance(a.get("tool_calls"), list) else []):
-                name = _call_name(call)
-                args = _json_args(call) if name else None
-                for key in sorted(args or {}):
-                    if any(k[:2] == (name, key) and open_(k) for k in each):
-                        vary(e, i, j, name, args, key, _properties(by_name, name).get(key),
-                             call.get("id", "call_0"), extra=True)
+        e = _drawn_solved(host, draws)
+        if e is not None:
+            vary_calls(e, extra=True)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
     # time was tried (issue 15's red team): good template envs credit the record read but not
     # the look-up that finds it (the reference knows the id), which looks the same from outside
@@ -887,12 +880,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     for extra in range(40):
         if not any(h and n < 3 for n, h, _ in choices.values()):
             break
-        seed = draws.rng.randrange(2**31)
-        plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
-        if isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan):
-            e = host.episode("a", seed, scripted(plan), "reference")
-            if e.ok and abs(e.score - 1.0) < 1e-6:
-                count(e)
+        e = _drawn_solved(host, draws)
+        if e is not None:
+            count(e)
     for (name, key), (n, hidden, example) in sorted(choices.items()):
         if hidden >= 2 and hidden * 2 >= n:
             findings.add("solvability", f"the reference calls {name} with {key}={example[1]!r} (seed "
@@ -903,6 +893,16 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
 
 
 _SKIP = object()
+
+
+def _drawn_solved(host: Host, draws: Draws) -> ProbeEpisode | None:
+    """The reference played on a freshly drawn seed, when it earns the full score."""
+    seed = draws.rng.randrange(2**31)
+    plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
+    if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
+        return None
+    e = host.episode("a", seed, scripted(plan), "reference")
+    return e if e.ok and abs(e.score - 1.0) < 1e-6 else None
 
 
 def _call_name(call: Any) -> str | None:
