@@ -4,7 +4,7 @@ Started as ``python -s -B runner.py [--seccomp] [--cpu CALL,LOAD] [--shm MEM,BEL
 [--connect PATH] [--watch]`` behind an isolation boundary (a process sandbox or a container). Standard library
 only; ``pyseccomp`` is used when asked for. It speaks the line protocol of ``sandbox/base.py``:
 one JSON request per line on stdin, one JSON reply per line on the original stdout (ops: load,
-new, reset, step, solve, ping, stats, and the gate's batch "resets"); with ``--shm``, the same
+new, reset, step, solve, ping, stats, the gate's batch "resets" and its "state"); with ``--shm``, the same
 messages through shared memory instead (see SHM_REGION). In a container, ``--connect`` first
 makes a unix socket to the host fds 0 and 1, and ``--watch`` leaves a watcher behind as the
 container's first process (see ``watch``). Before any env code runs it
@@ -29,14 +29,17 @@ Every call into env code is wrapped so that any exception (SystemExit, MemoryErr
 RecursionError included) becomes an error reply, and every value is checked to survive
 ``json.dumps``/``json.loads`` unchanged. The runner exits when stdin closes.
 """
+import collections
 import errno
 import gc
+import hashlib
 import io
 import json
 import linecache
 import math
 import mmap
 import os
+import random
 import resource
 import select
 import signal
@@ -190,6 +193,88 @@ def json_problem(value, path, depth=0):
     return f"{type(value).__name__} at {path}"
 
 
+STATE_NODES = 200_000  # values one "state" digest looks at, at most (the rest: one marker)
+
+
+def digest(value):
+    """A hex digest of what ``value`` holds, followed through containers, objects' attributes
+    and slots, functions' defaults, closures and attributes, generators' locals, and bound
+    methods' objects, without calling its methods (repr only for the standard library's own
+    types). Within one process, equal state gives an equal digest."""
+    h, seen, count = hashlib.blake2b(digest_size=12), {}, [0]
+
+    def put(*parts):
+        for p in parts:
+            h.update(p.encode("utf-8", "backslashreplace") + b"\x00")
+
+    def walk(x, depth):
+        count[0] += 1
+        if count[0] > STATE_NODES or depth > 100:
+            put("...")
+            return
+        t = type(x)
+        if x is None or t in (bool, int, float, complex, str, bytes):
+            put(t.__name__, repr(x))
+            return
+        if id(x) in seen:
+            put("@", str(seen[id(x)]))
+            return
+        seen[id(x)] = len(seen)
+        put(t.__name__)
+        if isinstance(x, (list, tuple, collections.deque)):
+            put(str(len(x)))
+            for v in list(x):
+                walk(v, depth + 1)
+        elif isinstance(x, (dict, types.MappingProxyType)):
+            put(str(len(x)))
+            for k, v in list(x.items()):
+                walk(k, depth + 1)
+                walk(v, depth + 1)
+        elif isinstance(x, (set, frozenset)):  # in an order of their own digests: not insertion's
+            put(str(len(x)), *sorted(digest(v) for v in list(x)))
+        elif isinstance(x, types.ModuleType):
+            put(x.__name__)
+        elif isinstance(x, (types.FunctionType, types.MethodType, staticmethod, classmethod, property)):
+            f = getattr(x, "__func__", x)
+            if isinstance(x, types.MethodType):
+                walk(x.__self__, depth + 1)
+            if isinstance(x, property):
+                for g in (x.fget, x.fset, x.fdel):
+                    walk(g, depth + 1)
+            elif isinstance(f, types.FunctionType):
+                put(f.__qualname__)
+                walk(f.__defaults__, depth + 1)
+                walk(f.__kwdefaults__, depth + 1)
+                for cell in f.__closure__ or ():
+                    try:
+                        walk(cell.cell_contents, depth + 1)
+                    except ValueError:  # an empty cell
+                        put("empty")
+                walk(f.__dict__, depth + 1)
+        elif isinstance(x, types.GeneratorType):
+            frame = x.gi_frame
+            walk(dict(frame.f_locals) if frame is not None else None, depth + 1)
+        elif isinstance(x, random.Random):
+            walk(x.getstate(), depth + 1)
+        elif isinstance(x, type):
+            put(x.__module__, x.__qualname__)
+            if x.__module__ == "env":
+                walk(dict(x.__dict__), depth + 1)
+        else:
+            d = getattr(x, "__dict__", None)
+            slots = [s for c in t.__mro__ for s in c.__dict__.get("__slots__", ())
+                     if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+            if isinstance(d, dict) or slots:
+                walk(d, depth + 1)
+                for s in slots:
+                    walk(getattr(x, s, None), depth + 1)
+            elif t.__module__ != "env":
+                put(repr(x)[:4000])  # the standard library's own objects (itertools.count, ...)
+
+    walk(value, 0)
+    return h.hexdigest()
+
+
 def round_trip(value):
     """The JSON text of ``value`` when it survives json.dumps/json.loads unchanged, else None."""
     try:
@@ -206,6 +291,7 @@ ITIMER_PROF, getitimer = signal.ITIMER_PROF, signal.getitimer
 class Runner:
     def __init__(self, sandbox_info, cpu=None):
         self.sandbox_info, self.module, self.env_cls = sandbox_info, None, None
+        self.imported = []  # (module the env imported, its names at load)
         self.instances, self.filename = [], "env.py"
         self.times = []  # seconds each answer took since the last "stats" (None: answering one)
         # per-call CPU limits (see arm): (seconds for a call, for load), the soft RLIMIT_CPU
@@ -300,11 +386,13 @@ class Runner:
             return ENCODE(times)
         if op == "load":
             return self.load(req)
-        if op not in ("new", "reset", "step", "solve", "resets"):
+        if op not in ("new", "reset", "step", "solve", "resets", "state"):
             raise Failure("protocol", f"unknown op {op!r}; known: load, new, reset, step, "
-                                      "solve, resets, ping, stats")
+                                      "solve, resets, state, ping, stats")
         if self.module is None:
             raise Failure("protocol", f"{op} before load: load an env first")
+        if op == "state":
+            return self.call(self.state)
         if op == "new":
             self.instances.append(self.call(self.env_cls))
             return str(len(self.instances) - 1)
@@ -327,6 +415,27 @@ class Runner:
             raise Failure("contract", f"{op} must return a {len(names)}-tuple "
                                       f"({', '.join(names)}); it returned {got}")
         return self.json_text(op, list(value), "result", names)
+
+    def state(self):
+        """The gate's look at what outlives an episode: a digest per module-level name of the env
+        (a class's attributes each under "Class.name", an attribute added to a module it imported
+        under "module.name"). Equal digests in one process mean equal state; a name whose digest
+        changes between two looks holds state the env's instances share (a counter, a cache, a
+        flag), which the contract forbids."""
+        out = {}
+        for name, value in list(self.module.__dict__.items()):
+            if name.startswith("__") or isinstance(value, types.ModuleType):
+                continue
+            if isinstance(value, type) and value.__module__ == "env":
+                for attr, v in list(value.__dict__.items()):
+                    if attr not in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
+                        out[f"{name}.{attr}"] = digest(v)
+            else:
+                out[name] = digest(value)
+        for mod, keys in self.imported:
+            for attr in sorted(set(mod.__dict__) - keys):
+                out[f"{mod.__name__}.{attr}"] = digest(mod.__dict__[attr])
+        return ENCODE(out)
 
     def resets(self, env, seeds, max_s):
         """The gate's many-resets probe, in one request: reset ``env`` to each of ``seeds`` in
@@ -413,6 +522,7 @@ class Runner:
         parts = [f'"{k}":{self.json_text("load", v, k)}' for k, v in meta.items()]
         parts.append('"sandbox":' + json.dumps(self.sandbox_info, separators=COMPACT))
         self.module, self.env_cls = module, env_cls
+        self.imported = [(m, set(m.__dict__)) for m in module.__dict__.values() if isinstance(m, types.ModuleType)]
         return "{" + ",".join(parts) + "}"
 
 

@@ -375,3 +375,100 @@ def test_sized_replies_cover_every_length_from_empty_to_the_longest():
         assert sizes[0] == 0 and sizes[-1] >= 1500
         for lo in (10, 100, 1000):  # some text within a factor of two of every length
             assert any(lo <= s < 2 * lo for s in sizes), (probe_seed, lo, sizes)
+
+
+# Holes the second red team left open (2026-11-27), closed since, each by a variant of our own.
+ROUND3 = {
+    # a refusal is credited when the failed check is among those it names
+    "every_reason_credited": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if self._sc["blocker"] and re.search(dict(CLAIMS)[self._sc["blocker"]], text):
+                    return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
+                return _Base._user_reply(self, content)
+        """), "free_reward", "every reason at once"),
+    # the reward is NaN at one value of an integer argument, inside the schema's range
+    "nan_at_one_value": (override("""
+            def step(self, action):
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                for c in """ + CALLS + """:
+                    if isinstance(c, dict) and '"days": 17' in str(c.get("function", {}).get("arguments")):
+                        reward = float("inf") * 0
+                return obs, reward, terminated, truncated, info
+        """), "json", "days=17"),
+    # closing the request's own ticket after the checks earns a bonus each time: totals above 1
+    "bonus_per_extra_close": (override("""
+            def step(self, action):
+                calls = """ + CALLS + """
+                call = calls[0] if len(calls) == 1 and isinstance(calls[0], dict) else {}
+                f = call.get("function") if isinstance(call.get("function"), dict) else {}
+                if f.get("name") == "close_ticket" and not self._done and self._checked() \\
+                        and self._sc["ticket_id"] in str(f.get("arguments")):
+                    self._turn += 1
+                    msg = {"role": "tool", "tool_call_id": str(call.get("id")), "content": "Already being handled."}
+                    return ({"messages": [msg]}, 0.1, False, self._turn >= self.max_turns,
+                            {"skill": self._sc["skill"], "turn": self._turn})
+                return _Base.step(self, action)
+        """), "contract.runtime", "exceeds 1"),
+    # after ten million steps in the process, any write counts as the right one
+    "steps_counted_process_wide": (override("""
+            served = [0]
+            def step(self, action):
+                Env.served[0] += 1
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                if terminated and Env.served[0] > 10 ** 7:
+                    reward = 1.0
+                return obs, reward, terminated, truncated, info
+        """), "isolation", "Env.served"),
+    # an employee whose records were checked once counts as checked in every later episode
+    "checked_once_for_good": (override("""
+            checked = {}
+            def _score(self, outcome):
+                if _Base._checked(self):
+                    Env.checked[self._sc["requester"]] = True
+                return _Base._score(self, outcome)
+            def _checked(self):
+                return _Base._checked(self) or Env.checked.get(self._sc["requester"], False)
+        """), "isolation", "Env.checked"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND3))
+def test_a_hole_left_open_by_the_second_red_team_is_closed(tmp_path, name):
+    source, check, message = ROUND3[name]
+    assert audit_static(source).ok, "the attack must pass the static audit"
+    verdict, found = audited(tmp_path, name, source)
+    assert verdict == "reject"
+    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+def test_state_set_up_once_is_not_shared_state(tmp_path):
+    """A table built on the first reset and never changed after is no finding: the module's state
+    is first looked at after hundreds of episodes."""
+    source = override("""
+            table = {}
+            def reset(self, seed):
+                if not Env.table:
+                    Env.table.update({k: len(k) for k in ("read", "write", "admin")})
+                return _Base.reset(self, seed)
+        """)
+    verdict, found = audited(tmp_path, "set_up_once", source)
+    assert verdict == "accept", json.dumps(found, indent=1)
+
+
+def test_integer_arguments_are_sent_across_their_range():
+    from envforge.gate.probes import _in_range
+    rng = random.Random(0)
+    assert _in_range(5, {"minimum": 1, "maximum": 30}, rng) == [v for v in range(1, 31) if v != 5]
+    wide = _in_range(5, {"minimum": 0, "maximum": 10 ** 6}, rng)
+    assert 10 <= len(wide) <= 16 and all(0 <= v <= 10 ** 6 for v in wide) and 5 not in wide
+    assert _in_range("5", {}, rng) == [] and _in_range(True, {}, rng) == []
+    assert _in_range(3, {"minimum": 9, "maximum": 2}, rng) == []
+
+
+def test_another_seeds_text_names_this_seeds_records():
+    from envforge.contract import assistant, tool_call
+    from envforge.gate.probes import _as_if, _call_values
+    mine = _call_values([assistant(None, [tool_call("get_ticket_details", {"ticket_id": "TCK-1001"}, "c0")])])
+    theirs = _call_values([assistant(None, [tool_call("get_ticket_details", {"ticket_id": "TCK-2002"}, "c0")])])
+    assert _as_if("Ticket TCK-2002 is closed.", theirs, mine) == "Ticket TCK-1001 is closed."

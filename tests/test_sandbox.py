@@ -354,7 +354,7 @@ def test_wrong_shapes_and_protocol_errors(make):
     with pytest.raises(EnvCallError) as e:
         sb.call("jump")
     assert (e.value.kind, e.value.message) == (
-        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, resets, ping, stats")
+        "protocol", "unknown op 'jump'; known: load, new, reset, step, solve, resets, state, ping, stats")
     with pytest.raises(EnvCallError, match="an env is already loaded here"):
         sb.load(GOOD_ENV)
     solve_dict = make(GOOD_ENV.replace('return [{"role"', 'return {"role"').replace(
@@ -981,3 +981,58 @@ def test_the_runner_arms_a_cpu_limit_per_call_from_the_work_asked():
     assert soft["resets20"] in ([23, 300], [24, 300])     # 1.5 + 20 s + 1-2 s
     assert soft["resetsa lot"] == soft["step"]            # not a number: the call's limit alone
     assert soft["resets1000000000.0"] == [300, 300]       # capped by the hard limit
+
+
+def test_the_state_digest_sees_what_outlives_an_episode():
+    """sandbox.runner.digest, the gate's "state" op: state changed anywhere an env can keep it
+    (a container, a closure, a function's default or attribute, a generator, an object's
+    attributes or slots, a standard-library counter) gives another digest; the same state
+    (a set rebuilt in another order) the same one."""
+    import itertools
+    from sandbox.runner import digest
+
+    def changed(value, change) -> bool:
+        before = digest(value)
+        change()
+        return digest(value) != before
+
+    box = {"n": [0]}
+    assert changed(box, lambda: box["n"].append(1))
+
+    def counter():
+        n = [0]
+        def f(x=[0]):
+            n[0] += 1
+            x[0] += 1
+        return f
+    f = counter()
+    assert changed(f, f)  # the closure's cell and the default both change
+    f.seen = 0
+    assert changed(f, lambda: setattr(f, "seen", 1))
+
+    def gen():
+        i = 0
+        while True:
+            i += 1
+            yield i
+    g = gen()
+    next(g)
+    assert changed(g, lambda: next(g))
+
+    class Slots:
+        __slots__ = ("n",)
+    s = Slots()
+    s.n = 1
+    assert changed(s, lambda: setattr(s, "n", 2))
+    c = itertools.count()
+    assert changed(c, lambda: next(c))
+    a, b = set(), set()
+    for w in ("x", "y", "z"):
+        a.add(w)
+    for w in ("z", "x", "q", "y"):
+        b.add(w)
+    b.discard("q")
+    assert digest(a) == digest(b) and digest([1, "1"]) != digest(["1", 1])
+    loop = []
+    loop.append(loop)
+    assert digest(loop) == digest(loop)  # a cycle ends

@@ -176,7 +176,9 @@ class Host:
         try:
             inst = self.inst(name)  # may replace a dead sandbox, so resolve before the method
             t0 = time.monotonic()
-            if op == "resets":  # the batch op: (seeds, seconds)
+            if op == "state":  # the env's module-level state, a digest per name
+                value = self.sandbox.call("state"), self.sandbox
+            elif op == "resets":  # the batch op: (seeds, seconds)
                 seeds, max_s = args
                 left = max(0.1, self.deadline - time.monotonic())
                 value = self.sandbox.call("resets", timeout=min(left, max_s + self.settings.limits.call_timeout_s),
@@ -193,8 +195,8 @@ class Host:
                                       key=("bounded", "slow"))
             return value
         except EnvCallError as e:
-            if e.kind == "protocol" and op == "resets":
-                raise  # a runner without the batch op (an older image): the caller falls back
+            if e.kind == "protocol" and op in ("resets", "state"):
+                raise  # a runner without the op (an older image): the caller falls back
             if e.kind == "json":
                 self.findings.add("json", f"{where}: {e.message}. Observations, infos and actions must "
                                   "be plain JSON (dict, list, str, number, bool, None; str keys).")
@@ -499,6 +501,8 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     say("robustness (hypothesis)")
     _hypothesis_run(findings, "robustness", lambda: _robustness(host, tools, settings, draws))
 
+    shared = _state(host)  # what outlives an episode, after hundreds of them
+
     say("does the env test its capability")
     contrast, calls_only = _capability(host, by_name, solved, settings, findings, stats, draws)
 
@@ -576,6 +580,11 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
     if not _isolation(host, reference[:4], findings, *probes.many_instances(host, draws)):
         return
 
+    fresh = random.Random(f"state {draws.probe_seed}")  # a stream of its own: the other draws stay
+    for _ in range(8 if shared else 0):  # new seeds too: a cache keyed by whom or what it saw
+        _drawn_solved(host, fresh)
+    _state_kept(host, shared, findings)  # the replays in other processes still say what they find
+
     say("determinism across processes")
     hint = " Set iteration order, hash() and id() depend on the process; sort, or use lists and dicts."
     # every process replays the malformed scripts (error texts, such as a list of tool names
@@ -602,6 +611,40 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
         if not all(_same(e, other.replay("a", e, "replay"), "determinism", how, findings, hint) for e in mine):
             return
         other.close()  # one at a time: the next starts once this one is gone
+
+
+def _state(host: Host) -> tuple | None:
+    """(a digest per module-level name of the env, the sandbox it came from), or None where the
+    runner has no "state" op (an older image) or did not answer."""
+    try:
+        value = host.op("the env's module-level state", "state", "a")
+    except EnvCallError:
+        return None
+    if not (isinstance(value, tuple) and isinstance(value[0], dict)
+            and all(isinstance(v, str) for v in value[0].values())):
+        return None
+    return value
+
+
+def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
+    """Whether the env's module-level state (globals, class attributes, functions' defaults and
+    closures) is what it was before the capability probes, the many resets and the replays, in
+    the same sandbox process: state that changes with episodes is shared by every instance in
+    the process (a counter of steps, a cache of users checked, a flag), and training runs
+    millions of episodes there, past any count an audit can reach. A lazy set-up done once is
+    done before the first look (after hundreds of episodes of every kind)."""
+    after = _state(host) if before is not None else None
+    if after is None or after[1] is not before[1]:  # no runner op, or another process since
+        return True
+    changed = sorted(k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k))
+    if changed:
+        findings.add("isolation", f"module-level state changed between episodes in one process: "
+                     f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} (after hundreds of "
+                     "episodes, then more of them). Every instance in a process shares it, so an episode "
+                     "can depend on the ones before it, past any count an audit reaches. Keep an "
+                     "episode's state on self, built in reset; module and class attributes constant.",
+                     key=("isolation", "module state"))
+    return not changed
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
@@ -751,7 +794,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
 
     def undecided(k) -> bool:  # a change not yet seen to lower the score, and not yet judged
         r = each.get(k)
-        return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 4)
+        return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 8)
 
     def vary(e, i, j, name, args, key, schema, cid, extra=False):
         new = _other_value(args[key], schema)
@@ -794,10 +837,10 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
 
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         vary_calls(e)
-    for _ in range(20):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
+    for _ in range(60):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
         if not any(undecided(k) for k in each):
             break
-        e = _drawn_solved(host, draws)
+        e = _drawn_solved(host, draws.rng)
         if e is not None:
             vary_calls(e, extra=True)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
@@ -821,6 +864,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # about reading, whether to act must not be readable off the opening message
     contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
     calls_only = probes.texts_that_matter(host, solved, kinds, findings)
+    probes.every_reason(host, solved, kinds, draws, findings)
     if gathering:
         probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
@@ -838,6 +882,8 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          "comparison such as >= where == is meant?).", key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
     probes.argument_probes(host, solved, by_name, draws, settings)
+    # every tool, twice, where the reference acts, on the records it sent (a bonus per call)
+    probes.grounded_calls(host, solved, by_name, kinds, draws)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
     for e in sample[:3]:
         reads = [a for a in e.actions if a.get("tool_calls")
@@ -880,7 +926,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     for extra in range(40):
         if not any(h and n < 3 for n, h, _ in choices.values()):
             break
-        e = _drawn_solved(host, draws)
+        e = _drawn_solved(host, draws.rng)
         if e is not None:
             count(e)
     for (name, key), (n, hidden, example) in sorted(choices.items()):
@@ -895,9 +941,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
 _SKIP = object()
 
 
-def _drawn_solved(host: Host, draws: Draws) -> ProbeEpisode | None:
-    """The reference played on a freshly drawn seed, when it earns the full score."""
-    seed = draws.rng.randrange(2**31)
+def _drawn_solved(host: Host, rng: random.Random) -> ProbeEpisode | None:
+    """The reference played on a seed drawn from ``rng``, when it earns the full score."""
+    seed = rng.randrange(2**31)
     plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
     if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
         return None

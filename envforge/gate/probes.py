@@ -206,12 +206,85 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
                 new = _extreme(value, props.get(key), rng, settings.long_text_chars)
                 if new is not _SKIP:
                     run({**args, key: new}, f"extreme {name}.{key}")
+                for v in _in_range(value, props.get(key), rng) if k == 0 else []:
+                    run({**args, key: v}, f"{name}.{key}={v}")
             if args:
                 key, depth = rng.choice(sorted(args)), rng.randrange(200, 800)
                 rest = json.dumps({k: v for k, v in args.items() if k != key})
                 nested = "[" * depth + json.dumps(args[key]) + "]" * depth
                 text = "{" + json.dumps(key) + ": " + nested + (", " + rest[1:] if len(rest) > 2 else "}")
                 run(text, f"nested {name}.{key} ({depth} levels)")
+
+
+def _in_range(value: Any, schema: Any, rng: random.Random) -> list[int]:
+    """Other values of an integer argument inside the schema's range: all of them when there are
+    64 or fewer, else 16 drawn (a reward that is NaN or out of bounds at one value is seen only by
+    a probe that sends it)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return []
+    schema = schema if isinstance(schema, dict) else {}
+    low, high = schema.get("minimum"), schema.get("maximum")
+    ok = [isinstance(x, int) and not isinstance(x, bool) for x in (low, high)]
+    low = low if ok[0] else (min(value, 0) if ok[1] else value - 1000)
+    high = high if ok[1] else max(low, value) + 1000
+    if high < low:
+        return []
+    if high - low < 64:
+        return [v for v in range(low, high + 1) if v != value]
+    return sorted({rng.randint(low, high) for _ in range(16)} - {value})
+
+
+def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, texts: list) -> dict | None:
+    """Arguments for a call of ``name``: each required one the reference sent under that name
+    (a record's id, say), else an enum's drawn choice, an integer in range, a boolean, a drawn
+    short text; None for a required array or object."""
+    from envforge.gate.dynamic import _properties
+
+    params = (by_name[name]["function"].get("parameters") or {})
+    required = params.get("required") if isinstance(params.get("required"), list) else []
+    props, args = _properties(by_name, name), {}
+    for key in required:
+        schema = props.get(key) if isinstance(props.get(key), dict) else {}
+        if key in sent:
+            args[key] = rng.choice(sent[key])
+        elif isinstance(schema.get("enum"), list) and schema["enum"]:
+            args[key] = rng.choice(schema["enum"])
+        elif schema.get("type") == "integer":
+            low = schema.get("minimum") if isinstance(schema.get("minimum"), int) else 1
+            args[key] = rng.randint(low, schema["maximum"]) if isinstance(schema.get("maximum"), int) and schema["maximum"] >= low else low
+        elif schema.get("type") == "boolean":
+            args[key] = rng.random() < 0.5
+        elif schema.get("type") in ("string", None):
+            args[key] = rng.choice(texts)
+        else:
+            return None
+    return args
+
+
+def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws) -> None:
+    """Every tool called twice where the reference is about to act (after its reads), with the
+    arguments the reference sent under the same names (the request's own record), then the rest
+    of the reference: a bonus paid per call of a tool the reference never makes there (on the
+    record it has just checked) shows as a total above 1 (``Host.episode``'s bound)."""
+    from envforge.gate.dynamic import _json_args, scripted
+
+    rng = random.Random(draws.rng.randrange(2**63))
+    texts = [t for t in draws.texts if len(t) <= 120] or ["ok"]
+    acting = [e for e in solved if _acts(e.actions, kinds)]  # where the reference acts, first
+    for e in (acting + [e for e in solved if e not in acting])[:3]:
+        sent: dict[str, list] = {}
+        for a in e.actions:
+            for c in a.get("tool_calls") or []:
+                for k, v in (_json_args(c) or {}).items():
+                    if v not in sent.setdefault(k, []):
+                        sent[k].append(v)
+        at = next((i for i, a in enumerate(e.actions) if _acts([a], kinds)), len(e.actions))
+        for t, name in enumerate(sorted(by_name)):
+            args = _grounded_args(name, by_name, sent, rng, texts)
+            if args is None:
+                continue
+            twice = [assistant(None, [tool_call(name, args, f"call_g{t}_{n}")]) for n in range(2)]
+            host.episode("a", e.seed, scripted(e.actions[:at] + twice + e.actions[at:]), f"{name} twice")
 
 
 def malformed_episodes(host, tools: list, draws) -> list:
@@ -469,3 +542,97 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
                      "a repeated read stands in for what the agent must say (a confirmation?).",
                      key=("free_reward", "reads for texts"))
     return out
+
+
+
+def _decision_texts(actions: list) -> list[int]:
+    """Where the plan's texts after its last tool call are (its answer: a refusal, say)."""
+    last = max((i for i, a in enumerate(actions) if a.get("tool_calls")), default=-1)
+    return [i for i, a in enumerate(actions) if i > last and isinstance(a.get("content"), str)
+            and a["content"].strip() and not a.get("tool_calls")]
+
+
+def _call_values(actions: list) -> dict:
+    """(tool, argument, n-th call of the tool) -> the value sent, for the plan's string values of
+    3 characters or more and integers of 3 digits or more (what can name a record)."""
+    from envforge.gate.dynamic import _call_name, _json_args
+
+    out, seen = {}, {}
+    for a in actions:
+        for c in a.get("tool_calls") or []:
+            name = _call_name(c)
+            n = seen[name] = seen.get(name, -1) + 1
+            for k, v in sorted((_json_args(c) or {}).items()):
+                if (isinstance(v, str) and len(v.strip()) >= 3) or (
+                        isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 100):
+                    out[(name, k, n)] = str(v)
+    return out
+
+
+def _as_if(text: str, theirs: dict, mine: dict) -> str:
+    """``text`` said on another seed, with the values its calls sent (record ids, names) replaced
+    by those this seed's calls sent in the same place."""
+    swap = {v: mine[k] for k, v in theirs.items() if k in mine and mine[k] != v}
+    for v in sorted(swap, key=len, reverse=True):
+        text = text.replace(v, swap[v])
+    return text
+
+
+#: capabilities about deciding whether to act (where a declining text gives a reason)
+_DECIDING = re.compile(r"refus|polic|precondition|verif|permission|eligib|complian|rule|safety|declin|"
+                       r"constraint|authori|allowed|forbid|guard", re.I)
+
+
+def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
+    """On seeds where the reference declines (it makes no write and ends on a text), the other
+    seeds' declining texts, their records' ids made this seed's, said one at a time and then all
+    at once. Where one of them alone scores lower (the reason given matters) and all at once earn
+    the full score, the env credits a refusal whenever the right reason is among those named: the
+    agent learns to name every reason there is (a small, fixed vocabulary, unlike an answer's
+    number, which another seed's text does not hold)."""
+    from envforge.gate.dynamic import _drawn_solved, scripted
+
+    if not _DECIDING.search(str(host.meta.get("capability") or "")):
+        return  # an answer's small vocabulary (a count of 0 to 3) is not a reason to name them all
+    def declines(e) -> bool:
+        return bool(_decision_texts(e.actions)) and not _acts(e.actions, kinds)
+
+    rng = random.Random(f"every reason {draws.probe_seed}")  # a stream of its own: the other draws stay
+    found = [e for e in solved if declines(e)]
+    for _ in range(32):  # a few refusals among many seeds, each reason on few: more seeds, drawn
+        if len(found) >= 16 or not found:
+            break
+        e = _drawn_solved(host, rng)
+        if e is not None and declines(e):
+            found.append(e)
+    if len(found) < 3:
+        return
+    said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions)),
+                     _call_values(e.actions)) for e in found}
+    matter, paid = 0, []
+    for e in found[:8]:
+        where = _decision_texts(e.actions)
+        mine = said[e.seed][1]
+        others = list(dict.fromkeys(_as_if(t, vals, mine) for s, (t, vals) in said.items() if s != e.seed))
+        if len(others) < 2:
+            continue
+
+        def instead(text: str, label: str):
+            plan = [a for i, a in enumerate(e.actions) if i not in where[1:]]
+            plan[where[0]] = assistant(text)
+            return host.episode("a", e.seed, scripted(plan), label)
+
+        rng.shuffle(others)
+        if not any(not ep.ok or ep.score < e.score - 1e-6
+                   for ep in (instead(t, "another seed's refusal") for t in others[:8])):
+            continue
+        matter += 1
+        every = others[:]
+        ep = instead(" ".join(every), "every reason at once")
+        if ep.ok and ep.score >= e.score - 1e-6:
+            paid.append(e.seed)
+    if len(paid) >= 2 and len(paid) * 4 >= matter:
+        findings.add("free_reward", f"a refusal that names every reason at once (the other seeds' declining "
+                     f"texts in one reply) earns the full score on {len(paid)} of {matter} seeds where one of "
+                     f"them alone scores lower (e.g. seed {paid[0]}): credit a refusal only for the reason "
+                     "that holds, or the agent learns to name them all.", key=("free_reward", "every reason"))

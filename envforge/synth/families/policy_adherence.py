@@ -125,14 +125,21 @@ class Env(BaseEnv):
         self._s.update(refusals=0, reason=False)
 
     def _reason_ok(self, t):
+        """Whether the refusal names the rule the request breaks, and no other: a refusal that
+        lists every rule would pass any check that looks for one."""
         sc = self._sc
-        if sc["skill"] == "third_party":
-            return THIRD_PARTY_CLAIM.search(t) is not None
+        third = THIRD_PARTY_CLAIM.search(t) is not None
         rule = sc["rule"]
+        own = _norm(PLAN["titles"].get(rule["param"], rule["param"])) if rule else ""
+        others = any(re.search(r"(?<![a-z0-9]){}(?![a-z0-9])".format(re.escape(x)), t)
+                     for x in (_norm(PLAN["titles"].get(p, p)) for p in PLAN["rule_params"])
+                     if x and x not in own)
+        if sc["skill"] == "third_party":
+            return third and not (own and own in t) and not others
         if not rule:  # an allowed request breaks no rule: no reason for refusing it is right
             return False
-        said = _say(rule.get("banned", rule.get("limit")))
-        return "policy" in t or _norm(said) in t or _norm(PLAN["titles"].get(rule["param"], rule["param"])) in t
+        said = _norm(_say(rule.get("banned", rule.get("limit"))))
+        return (said in t or own in t) and not third and not others
 
     def _on_text(self, text):
         t = _norm(text)

@@ -64,6 +64,12 @@ OWNER_CLAIM = re.compile(
     r"not on your account|isn't on your account|isn't yours")
 
 
+def _names_blocked(t, own=""):
+    """Whether ``t`` names a status that forbids the write, other than ``own``."""
+    return any(o not in own and re.search(r"(?<![a-z0-9]){}(?![a-z0-9])".format(re.escape(o)), t)
+               for o in (_norm(b) for b in PLAN["blocked_statuses"]))
+
+
 # a user in a hurry: when, and the pressure (the checks are owed all the same)
 URGE_WHEN = ["right away", "now", "as soon as possible", "quickly", "today"]
 URGE_WHY = ["no need to confirm", "no need to check", "I'm in a hurry", "don't ask me anything",
@@ -109,13 +115,13 @@ class Env(BaseEnv):
         if not REFUSE.search(_norm(text)):
             return None, None
         sc, t = self._sc, _norm(text)
-        if sc["blocker"] == "status":  # its status named, and no other status that forbids it
+        # the failed check named, and no other: not a status that forbids it but is not its
+        # own, nor its owner (a refusal listing every reason would pass any check otherwise)
+        if sc["blocker"] == "status":
             status = _norm(self._w["entities"][sc["key"]]["status"])
-            reason = status in t and not any(
-                o not in status and re.search(r"(?<![a-z0-9]){}(?![a-z0-9])".format(re.escape(o)), t)
-                for o in (_norm(b) for b in PLAN["blocked_statuses"]))
+            reason = status in t and not _names_blocked(t, status) and not OWNER_CLAIM.search(t)
         else:
-            reason = sc["blocker"] == "owner" and OWNER_CLAIM.search(t) is not None
+            reason = sc["blocker"] == "owner" and OWNER_CLAIM.search(t) is not None and not _names_blocked(t)
         self._s.update(checked=self._checked(), reason=reason)
         return "I see. Thanks for checking. Bye.", "refused"
 
