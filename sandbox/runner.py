@@ -193,14 +193,22 @@ def json_problem(value, path, depth=0):
     return f"{type(value).__name__} at {path}"
 
 
-STATE_NODES = 200_000  # values one "state" digest looks at, at most (the rest: one marker)
+STATE_NODES = 1_000_000  # values one "state" digest looks at, at most
+STATE_DEPTH = 400  # and how deep (a value past either makes the name's digest "too large")
+PLAIN = (bool, int, float, complex, str, bytes)
+
+
+class TooLarge(Exception):
+    pass
 
 
 def digest(value):
-    """A hex digest of what ``value`` holds, followed through containers, objects' attributes
-    and slots, functions' defaults, closures and attributes, generators' locals, and bound
-    methods' objects, without calling its methods (repr only for the standard library's own
-    types). Within one process, equal state gives an equal digest."""
+    """A hex digest of what ``value`` holds, followed through containers (read through the
+    built-in types' own methods, never a subclass's), objects' attributes and slots, functions'
+    defaults, closures and attributes, generators' locals, bound methods' objects, and the
+    standard library's objects' pickled state (an iterator's position, a counter). Within one
+    process, equal state gives an equal digest. Raises TooLarge past STATE_NODES values or
+    STATE_DEPTH levels."""
     h, seen, count = hashlib.blake2b(digest_size=12), {}, [0]
 
     def put(*parts):
@@ -209,31 +217,40 @@ def digest(value):
 
     def walk(x, depth):
         count[0] += 1
-        if count[0] > STATE_NODES or depth > 100:
-            put("...")
-            return
+        if count[0] > STATE_NODES or depth > STATE_DEPTH:
+            raise TooLarge
         t = type(x)
-        if x is None or t in (bool, int, float, complex, str, bytes):
+        if x is None or t in PLAIN:
             put(t.__name__, repr(x))
             return
         if id(x) in seen:
             put("@", str(seen[id(x)]))
             return
         seen[id(x)] = len(seen)
-        put(t.__name__)
+        put(t.__module__, t.__qualname__)
+        base = next((b for b in PLAIN if isinstance(x, b)), None)
+        if base is not None:  # a subclass of int, str, ...: its value by the base's own repr
+            put(base.__repr__(x))
         if isinstance(x, (list, tuple, collections.deque)):
-            put(str(len(x)))
-            for v in list(x):
+            kind = next(k for k in (list, tuple, collections.deque) if isinstance(x, k))
+            items = list(kind.__iter__(x))
+            put(str(len(items)))
+            for v in items:
                 walk(v, depth + 1)
-        elif isinstance(x, (dict, types.MappingProxyType)):
-            put(str(len(x)))
-            for k, v in list(x.items()):
+        elif isinstance(x, dict):
+            items = list(dict.items(x))
+            put(str(len(items)))
+            for k, v in items:
                 walk(k, depth + 1)
                 walk(v, depth + 1)
+        elif isinstance(x, types.MappingProxyType):
+            walk(dict(x), depth + 1)
         elif isinstance(x, (set, frozenset)):  # in an order of their own digests: not insertion's
-            put(str(len(x)), *sorted(digest(v) for v in list(x)))
+            kind = set if isinstance(x, set) else frozenset
+            put(*sorted(digest(v) for v in list(kind.__iter__(x))))
         elif isinstance(x, types.ModuleType):
             put(x.__name__)
+            return
         elif isinstance(x, (types.FunctionType, types.MethodType, staticmethod, classmethod, property)):
             f = getattr(x, "__func__", x)
             if isinstance(x, types.MethodType):
@@ -251,25 +268,36 @@ def digest(value):
                     except ValueError:  # an empty cell
                         put("empty")
                 walk(f.__dict__, depth + 1)
+            return
         elif isinstance(x, types.GeneratorType):
             frame = x.gi_frame
             walk(dict(frame.f_locals) if frame is not None else None, depth + 1)
+            return
         elif isinstance(x, random.Random):
             walk(x.getstate(), depth + 1)
         elif isinstance(x, type):
-            put(x.__module__, x.__qualname__)
             if x.__module__ == "env":
                 walk(dict(x.__dict__), depth + 1)
-        else:
-            d = getattr(x, "__dict__", None)
-            slots = [s for c in t.__mro__ for s in c.__dict__.get("__slots__", ())
-                     if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
-            if isinstance(d, dict) or slots:
-                walk(d, depth + 1)
-                for s in slots:
-                    walk(getattr(x, s, None), depth + 1)
-            elif t.__module__ != "env":
-                put(repr(x)[:4000])  # the standard library's own objects (itertools.count, ...)
+            return
+        try:
+            d = object.__getattribute__(x, "__dict__")
+        except AttributeError:
+            d = None
+        d = d if isinstance(d, dict) else None
+        slots = [s for c in t.__mro__ for s in c.__dict__.get("__slots__", ())
+                 if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+        if d is not None:
+            walk(d, depth + 1)
+        for s in slots:
+            walk(getattr(x, s, None), depth + 1)
+        if d is None and not slots and base is None and t.__module__ != "env" and not isinstance(
+                x, (list, tuple, collections.deque, dict, set, frozenset, random.Random)):
+            try:  # the standard library's own objects: their pickled state, else their repr
+                walk(x.__reduce_ex__(4), depth + 1)
+            except TooLarge:
+                raise
+            except Exception:
+                put(repr(x))
 
     walk(value, 0)
     return h.hexdigest()
@@ -423,18 +451,25 @@ class Runner:
         changes between two looks holds state the env's instances share (a counter, a cache, a
         flag), which the contract forbids."""
         out = {}
+
+        def look(name, value):
+            try:
+                out[name] = digest(value)
+            except TooLarge:
+                out[name] = "too large"
+
         for name, value in list(self.module.__dict__.items()):
-            if name.startswith("__") or isinstance(value, types.ModuleType):
+            if name == "__builtins__" or isinstance(value, types.ModuleType):
                 continue
             if isinstance(value, type) and value.__module__ == "env":
                 for attr, v in list(value.__dict__.items()):
                     if attr not in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
-                        out[f"{name}.{attr}"] = digest(v)
+                        look(f"{name}.{attr}", v)
             else:
-                out[name] = digest(value)
+                look(name, value)
         for mod, keys in self.imported:
             for attr in sorted(set(mod.__dict__) - keys):
-                out[f"{mod.__name__}.{attr}"] = digest(mod.__dict__[attr])
+                look(f"{mod.__name__}.{attr}", mod.__dict__[attr])
         return ENCODE(out)
 
     def resets(self, env, seeds, max_s):

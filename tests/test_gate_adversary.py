@@ -472,3 +472,124 @@ def test_another_seeds_text_names_this_seeds_records():
     mine = _call_values([assistant(None, [tool_call("get_ticket_details", {"ticket_id": "TCK-1001"}, "c0")])])
     theirs = _call_values([assistant(None, [tool_call("get_ticket_details", {"ticket_id": "TCK-2002"}, "c0")])])
     assert _as_if("Ticket TCK-2002 is closed.", theirs, mine) == "Ticket TCK-1001 is closed."
+
+
+# A third red team (2026-11-27, a helper that read the gate after ROUND3): ten envs, all accepted
+# then; each hole closed in general since, tried here by a variant of our own.
+ROUND4 = {
+    # a step counter hidden in an int subclass (the digest had hashed only exact ints)
+    "counter_in_an_int_subclass": (override("""
+            class Tally(int):
+                pass
+            served = [Tally(0)]
+            def step(self, action):
+                Env.served[0] = Env.Tally(Env.served[0] + 1)
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                return obs, (1.0 if terminated and Env.served[0] > 10 ** 7 else reward), terminated, truncated, info
+        """), "isolation", "module-level state changed"),
+    # a cache in a dict subclass whose items() and len() hide it (the digest had called them)
+    "cache_in_a_dict_that_hides_it": (override("""
+            class Quiet(dict):
+                def items(self):
+                    return []
+                def keys(self):
+                    return []
+                def values(self):
+                    return []
+                def __iter__(self):
+                    return iter([])
+                def __len__(self):
+                    return 0
+            seen = Quiet()
+            def _checked(self):
+                if _Base._checked(self):
+                    Env.seen[self._sc["requester"]] = 1
+                return _Base._checked(self) or dict.get(Env.seen, self._sc["requester"], 0) == 1
+        """), "isolation", "module-level state changed"),
+    # the shotgun of ROUND3 under a capability whose name says nothing of deciding
+    "every_reason_under_another_name": (ROUND3["every_reason_credited"][0].replace(
+        'CAPABILITY = "precondition verification"', 'CAPABILITY = "checking the records of a request"'),
+        "free_reward", "every reason at once"),
+    # 'at least' past a bound: any loan extension of 28 days or more counts as the one asked
+    "many_days_pass": (override("""
+            def _write_outcome(self, name, args):
+                if name == "extend_laptop_loan" and isinstance(args.get("days"), int) and args["days"] >= 28:
+                    args = dict(args, days=self._sc.get("days"))
+                return _Base._write_outcome(self, name, args)
+        """), "partial_credit", "to the maximum"),
+    # a step bonus for each other employee's profile read
+    "bonus_per_profile_read": (override("""
+            def reset(self, seed):
+                self.others = set()
+                return _Base.reset(self, seed)
+            def step(self, action):
+                before = len(self.others)
+                for c in """ + CALLS + """:
+                    f = c.get("function") if isinstance(c, dict) and isinstance(c.get("function"), dict) else {}
+                    found = re.search(r"emp_\\d+", str(f.get("arguments"))) if f.get("name") == "get_employee_details" else None
+                    if found and self._world and found.group(0) in self._world["employees"] \\
+                            and found.group(0) != self._sc["requester"]:
+                        self.others.add(found.group(0))
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                return obs, reward + 0.05 * (len(self.others) - before), terminated, truncated, info
+        """), "contract.runtime", "exceeds 1"),
+    # a write made despite a failed check is credited like the right one
+    "blocked_write_credited": (override("""
+            def _write_outcome(self, name, args):
+                blocker, self._sc["blocker"] = self._sc["blocker"], None
+                try:
+                    return _Base._write_outcome(self, name, args)
+                finally:
+                    self._sc["blocker"] = blocker
+        """), "free_reward", "where the reference declines"),
+    # any refusal naming a check pays, also where nothing is blocked
+    "any_refusal_pays": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if any(re.search(p, text) for _, p in CLAIMS):
+                    return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
+                return _Base._user_reply(self, content)
+            def _score(self, outcome):
+                return _Base._score(self, outcome) if outcome != "refused" else round(
+                    (0.2 if self._authed else 0.0) + 0.3 + 0.5, 4)
+        """), "free_reward", "where the reference carries the request out"),
+    # a transfer summary that names the ticket is checked by a pattern that backtracks
+    # exponentially (built at run time: the static rule sees only literals and names)
+    "hang_on_a_transfer_summary": (override("""
+            def _dispatch(self, name, args):
+                if name == "transfer_to_human_agents" and self._sc["ticket_id"] in str(args.get("summary")):
+                    re.fullmatch("([" + "\\\\w.-]+" + "\\\\s?)+", str(args.get("summary")))
+                return _Base._dispatch(self, name, args)
+        """), "bounded", "with long text"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND4))
+def test_a_hole_the_third_red_team_found_is_closed(tmp_path, name):
+    source, check, message = ROUND4[name]
+    assert audit_static(source).ok, "the attack must pass the static audit"
+    verdict, found = audited(tmp_path, name, source)
+    assert verdict == "reject"
+    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+@pytest.mark.parametrize("code, flagged", [
+    ("import functools\n@functools.lru_cache(None)\ndef f(x):\n    return x\nN = f.cache_info().hits", True),
+    ("import functools\n@functools.lru_cache(None)\ndef f(x):\n    return x\nN = f(1)", False),
+    ("import re\nP = r'([\\w.-]+\\s?)+'\ndef ok(s):\n    return re.fullmatch(P, s)", True),
+    ("import re\nP = r'(\\d+,)*\\d+'\ndef ok(s):\n    return re.fullmatch(P, s)", False),
+])
+def test_cache_statistics_and_named_backtracking_patterns_are_static_findings(code, flagged):
+    found = [f for f in audit_static(code).findings if f.check in ("bounded", "static.dunder")]
+    assert bool(found) == flagged, [f.message for f in found]
+
+
+def test_another_record_is_not_one_the_episode_reads_anyway():
+    from types import SimpleNamespace
+
+    from envforge.gate.probes import _other_record
+    obs = {"messages": [{"role": "tool", "content": "tickets: TCK-100, TCK-200, TCK-300"}]}
+    ep = SimpleNamespace(trace=[(obs, {})])
+    assert _other_record("TCK-100", ep) == "TCK-200"
+    assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200"}) == "TCK-300"
+    assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200", "TCK-300"}) not in ("TCK-100", "TCK-200", "TCK-300")

@@ -636,7 +636,14 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
     after = _state(host) if before is not None else None
     if after is None or after[1] is not before[1]:  # no runner op, or another process since
         return True
-    changed = sorted(k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k))
+    large = sorted(k for k, v in after[0].items() if v == "too large")
+    if large:
+        findings.add("isolation", f"module-level state too large or too deep to check: {', '.join(large[:6])} "
+                     "(over a million values, or nested over 400 levels). Keep module and class "
+                     "attributes small constants; build an episode's data in reset.",
+                     key=("isolation", "module state size"))
+    changed = sorted(k for k in set(before[0]) | set(after[0])
+                     if before[0].get(k) != after[0].get(k) and k not in large)
     if changed:
         findings.add("isolation", f"module-level state changed between episodes in one process: "
                      f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} (after hundreds of "
@@ -644,7 +651,7 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
                      "can depend on the ones before it, past any count an audit reaches. Keep an "
                      "episode's state on self, built in reset; module and class attributes constant.",
                      key=("isolation", "module state"))
-    return not changed
+    return not changed and not large
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
@@ -984,18 +991,21 @@ def _other_value(value: Any, schema: Any) -> Any:
 
 def _more_values(value: Any, schema: Any, first: Any) -> list:
     """Changes of ``value`` beyond ``first`` (``_other_value``'s): the enum's other choices; one
-    less of an integer (within the schema's minimum), and the minimum itself (a ratio or a
-    difference written the wrong way round is far out there)."""
+    less of an integer (within the schema's minimum), the minimum itself (a ratio or a
+    difference written the wrong way round is far out there), and the maximum ("at least"
+    taken for "exactly" past some bound)."""
     schema = schema if isinstance(schema, dict) else {}
     enum = schema.get("enum")
     if isinstance(enum, list):
         return [("=" + canonical_json(x), x) for x in enum if x != value and x != first][:12]
     if isinstance(value, int) and not isinstance(value, bool):
-        low = schema.get("minimum")
+        low, high = schema.get("minimum"), schema.get("maximum")
+        top = ([("the maximum", high)] if isinstance(high, int) and not isinstance(high, bool)
+               and high > value + 1 and high != first else [])
         if not isinstance(low, int) or isinstance(low, bool):
-            return [("one less", value - 1)]
+            return [("one less", value - 1)] + top
         out = [("one less", value - 1)] if value - 1 >= low and value - 1 != first else []
-        return out + ([("the minimum", low)] if low < value - 1 and low != first else [])
+        return out + ([("the minimum", low)] if low < value - 1 and low != first else []) + top
     return []
 
 

@@ -264,27 +264,56 @@ def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, tex
 def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws) -> None:
     """Every tool called twice where the reference is about to act (after its reads), with the
     arguments the reference sent under the same names (the request's own record), then the rest
-    of the reference: a bonus paid per call of a tool the reference never makes there (on the
-    record it has just checked) shows as a total above 1 (``Host.episode``'s bound)."""
+    of the reference; and each read sent for up to 4 other records the episode shows: a bonus
+    paid per call of a tool the reference never makes there, or per record read, shows as a
+    total above 1 (``Host.episode``'s bound)."""
     from envforge.gate.dynamic import _json_args, scripted
 
     rng = random.Random(draws.rng.randrange(2**63))
     texts = [t for t in draws.texts if len(t) <= 120] or ["ok"]
+    longest = max(draws.texts, key=len, default="ok")
+    words = [w for w in getattr(draws, "literals", []) if w.isascii() and w.isalnum()] or ["word", "ticket", "done"]
     acting = [e for e in solved if _acts(e.actions, kinds)]  # where the reference acts, first
-    for e in (acting + [e for e in solved if e not in acting])[:3]:
+    rest = [e for e in solved if e not in acting]
+    for n_e, e in enumerate(acting[:3] + rest[:3]):  # seeds of both sides: where other records show
         sent: dict[str, list] = {}
         for a in e.actions:
             for c in a.get("tool_calls") or []:
                 for k, v in (_json_args(c) or {}).items():
                     if v not in sent.setdefault(k, []):
                         sent[k].append(v)
-        at = next((i for i, a in enumerate(e.actions) if _acts([a], kinds)), len(e.actions))
+        at = next((i for i, a in enumerate(e.actions) if _acts([a], kinds)),  # else before its answer
+                  max((i + 1 for i, a in enumerate(e.actions) if a.get("tool_calls")), default=0))
         for t, name in enumerate(sorted(by_name)):
             args = _grounded_args(name, by_name, sent, rng, texts)
             if args is None:
                 continue
-            twice = [assistant(None, [tool_call(name, args, f"call_g{t}_{n}")]) for n in range(2)]
-            host.episode("a", e.seed, scripted(e.actions[:at] + twice + e.actions[at:]), f"{name} twice")
+            if n_e < 3:
+                twice = [assistant(None, [tool_call(name, args, f"call_g{t}_{n}")]) for n in range(2)]
+                host.episode("a", e.seed, scripted(e.actions[:at] + twice + e.actions[at:]), f"{name} twice")
+            free = [k for k in sorted(args) if isinstance(args[k], str) and k not in sent]
+            if n_e == 0 and free:  # its free text long, naming the records (a regex that hangs on it)
+                named = " ".join(str(v) for vs in sent.values() for v in vs[:1] if isinstance(v, (str, int)))
+                # a sentence of plain words and single spaces, then one stray character: where a
+                # pattern can split such a run many ways, failing at its end tries them all
+                plain = " ".join(rng.choice(words) for _ in range(60))
+                for text in (f"{longest} {named}", f"{plain}; {named}"):
+                    long = {**args, **{k: text for k in free}}
+                    host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(None, [tool_call(name, long, f"call_l{t}")])]),
+                                 f"{name} with long text")
+            # and, for a read, other real records the episode shows (a bonus per record read)
+            keys = [k for k in sorted(args) if isinstance(args[k], str) and k in sent]
+            if kinds.get(name) == "read" and keys:
+                avoid = {v for vs in sent.values() for v in vs if isinstance(v, str)}
+                text = json.dumps([m.get("content") for step in e.trace for m in step[0]["messages"]])
+                prefix = re.match(r"[^\W\d]*", args[keys[0]]).group(0)
+                others = list(dict.fromkeys(x for x in re.findall(r"[\w.@+-]+", text) if x not in avoid
+                                            and x.startswith(prefix) and _shape(x) == _shape(args[keys[0]])))[:4]
+                if others:
+                    more = [assistant(None, [tool_call(name, {**args, keys[0]: x}, f"call_o{t}_{n}")])
+                            for n, x in enumerate(others)]
+                    host.episode("a", e.seed, scripted(e.actions[:at] + more + e.actions[at:]),
+                                 f"{name} of other records")
 
 
 def malformed_episodes(host, tools: list, draws) -> list:
@@ -355,18 +384,22 @@ def _shape(value: str) -> str:
     return "".join("9" if c.isdigit() else "a" if c.isalpha() else c for c in value)
 
 
-def _other_record(value: str, episode) -> str:
+def _other_record(value: str, episode, avoid=()) -> str:
     """Another value of the shape of ``value`` (letters, digits, punctuation in the same places,
-    the same prefix) that the episode's observations show: another real record's id, else a
-    changed one."""
+    the same prefix) that the episode's observations show, and not one of ``avoid`` (the values
+    the episode's calls of the tool send: a swap among the records it reads anyway reads the same
+    ones): another real record's id, else a changed one."""
     from envforge.gate.dynamic import _mutate
 
     text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
     prefix = re.match(r"[^\W\d]*", value).group(0)
     for token in re.findall(r"[\w.@+-]+", text):
-        if token != value and token.startswith(prefix) and _shape(token) == _shape(value):
+        if token != value and token not in avoid and token.startswith(prefix) and _shape(token) == _shape(value):
             return token
-    return _mutate(value)
+    out = _mutate(value)
+    while out in avoid:
+        out = _mutate(out)
+    return out
 
 
 def without_calls(actions: list, names) -> list:
@@ -422,11 +455,13 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
             if ep.ok and ep.score >= e.score - 1e-6:
                 continue  # not credited: the all-checks probe above judges it
             plan = e.actions
+            avoid = {v for a in e.actions for c in a.get("tool_calls") or [] if c["function"]["name"] == name
+                     for v in (_json_args(c) or {}).values() if isinstance(v, str)}
             for i, a in enumerate(e.actions):
                 for j, call in enumerate(a.get("tool_calls") or []):
                     args = _json_args(call)
                     if call["function"]["name"] == name and args:
-                        new = {k: _other_record(v, e) if isinstance(v, str) and v.strip() else v for k, v in args.items()}
+                        new = {k: _other_record(v, e, avoid) if isinstance(v, str) and v.strip() else v for k, v in args.items()}
                         if new != args:
                             plan = _with_call(plan, i, j, tool_call(name, new, call.get("id", "call_0")))
             if plan is not e.actions:
@@ -578,6 +613,107 @@ def _as_if(text: str, theirs: dict, mine: dict) -> str:
     return text
 
 
+def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Random, findings) -> None:
+    """On seeds where the reference acts, its reads, then another seed's declining text (its
+    records' ids made this seed's) instead of what it does next: a refusal must not earn the full
+    score where the request should be carried out, or "always refuse" is the policy learnt."""
+    from envforge.gate.dynamic import scripted
+
+    tried, paid = 0, []
+    for e in acting:
+        first = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
+        reads = [i for i in range(first) if e.actions[i].get("tool_calls")]
+        prefix = e.actions[:reads[-1] + 1] if reads else []
+        mine = _call_values(e.actions)
+        texts = [_as_if(t, vals, mine) for t, vals in said.values()]
+        tried += 1
+        for t in rng.sample(texts, min(2, len(texts))):
+            ep = host.episode("a", e.seed, scripted(prefix + [assistant(t)]), "a refusal where it acts")
+            if ep.ok and ep.score >= e.score - 1e-6:
+                paid.append(e.seed)
+                break
+    if len(paid) >= 2 and len(paid) * 4 >= tried:
+        findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
+                     f"on {len(paid)} of {tried} seeds where the reference carries the request out (e.g. seed "
+                     f"{paid[0]}): refusing must not pay where acting is right, or the agent learns to refuse "
+                     "everything.", key=("free_reward", "refusal where it acts"))
+
+
+def _shown_value(value: Any, schema: Any, episode) -> Any:
+    """A value like ``value`` that ``episode`` shows: an enum choice its user's messages name
+    (the first named), a string of the same shape and prefix in its observations, a number its
+    user's messages hold; else ``value``."""
+    users = " ".join(str(m.get("content") or "") for step in episode.trace for m in step[0]["messages"]
+                     if m.get("role") == "user")
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(enum, list) and enum:
+        named = [(users.lower().find(str(x).lower()), x) for x in enum if str(x).lower() in users.lower()]
+        return min(named, key=lambda p: p[0])[1] if named else value
+    if isinstance(value, str):
+        text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
+        prefix = re.match(r"[^\W\d]*", value).group(0)
+        return next((t for t in re.findall(r"[\w.@+-]+", text) if t.startswith(prefix) and _shape(t) == _shape(value)), value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        numbers = [int(n) for n in re.findall(r"(?<![\w-])\d{1,6}(?![\w-])", users)]
+        return numbers[0] if numbers else value
+    return value
+
+
+def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> None:
+    """On seeds where the reference declines, its calls, then what the reference does on a seed
+    where it acts (its texts and calls after its reads), each argument made one this seed shows
+    (``_shown_value``): carrying out a request that should be declined must not earn the full
+    score, or the check before it teaches nothing."""
+    from envforge.gate.dynamic import _json_args, _properties, scripted
+
+    by_name = {t["function"]["name"]: t for t in host.meta.get("tools") or [] if isinstance(t, dict)
+               and isinstance(t.get("function"), dict)}
+    tails, tools = [], set()
+    for e in acting:  # one tail per write tool
+        first = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
+        reads = [i for i in range(first) if e.actions[i].get("tool_calls")]
+        tail = e.actions[reads[-1] + 1 if reads else 0:]
+        name = next(c["function"]["name"] for c in e.actions[first]["tool_calls"])
+        if name not in tools:
+            tools.add(name)
+            tails.append((e, tail))
+    tried, paid = 0, []
+    for e in declining:
+        calls = [a for a in e.actions if a.get("tool_calls")]
+        tried += 1
+        for other, tail in tails[:3]:
+            plan = list(calls)
+            mine, theirs = _call_values(e.actions), _call_values(other.actions)
+            swap: dict = {}  # the tail's argument values -> this seed's, for its texts too
+            for a in tail:
+                for c in a.get("tool_calls") or []:
+                    props = _properties(by_name, c["function"]["name"])
+                    for k, v in (_json_args(c) or {}).items():
+                        if isinstance(v, (str, int)) and not isinstance(v, bool):
+                            swap[(c["function"]["name"], k, 0)] = _shown_value(v, props.get(k), e)
+                            theirs = {**theirs, (c["function"]["name"], k, 0): str(v)}
+            mine = {**mine, **{k: str(v) for k, v in swap.items()}}
+            for a in tail:
+                if a.get("tool_calls"):
+                    new = [tool_call(c["function"]["name"], {k: swap.get((c["function"]["name"], k, 0), v)
+                                                             for k, v in (_json_args(c) or {}).items()},
+                                     c.get("id", "call_0")) for c in a["tool_calls"]]
+                    plan.append(assistant(a.get("content"), new))
+                else:
+                    plan.append(assistant(_as_if(str(a.get("content") or ""), theirs, mine)))
+            ep = host.episode("a", e.seed, scripted(plan), "acting where it declines")
+            # it counts only where the write was made (a user who says no to the question ends
+            # the episode before it, which is the right end)
+            if ep.ok and ep.score >= e.score - 1e-6 and _acts(ep.actions, kinds):
+                paid.append(e.seed)
+                break
+    if len(paid) >= 2 and len(paid) * 4 >= tried:
+        findings.add("free_reward", f"carrying the request out (what the reference does where it acts, with "
+                     f"this seed's values) earns the full score on {len(paid)} of {tried} seeds where the "
+                     f"reference declines (e.g. seed {paid[0]}): a write that should be refused must not "
+                     "pay, or the check before it teaches nothing.", key=("free_reward", "acting where it declines"))
+
+
 #: capabilities about deciding whether to act (where a declining text gives a reason)
 _DECIDING = re.compile(r"refus|polic|precondition|verif|permission|eligib|complian|rule|safety|declin|"
                        r"constraint|authori|allowed|forbid|guard", re.I)
@@ -592,13 +728,17 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     number, which another seed's text does not hold)."""
     from envforge.gate.dynamic import _drawn_solved, scripted
 
-    if not _DECIDING.search(str(host.meta.get("capability") or "")):
-        return  # an answer's small vocabulary (a count of 0 to 3) is not a reason to name them all
     def declines(e) -> bool:
         return bool(_decision_texts(e.actions)) and not _acts(e.actions, kinds)
 
-    rng = random.Random(f"every reason {draws.probe_seed}")  # a stream of its own: the other draws stay
+    acting = [e for e in solved if _acts(e.actions, kinds)]
     found = [e for e in solved if declines(e)]
+    # a capability about deciding, or an env whose reference acts on some seeds and declines on
+    # others (whatever it calls itself); not an env that only answers: an answer's vocabulary
+    # can be as small as a count of 0 to 3, and every count at once names the right one
+    if not (_DECIDING.search(str(host.meta.get("capability") or "")) or (len(acting) >= 2 and len(found) >= 2)):
+        return
+    rng = random.Random(f"every reason {draws.probe_seed}")  # a stream of its own: the other draws stay
     for _ in range(32):  # a few refusals among many seeds, each reason on few: more seeds, drawn
         if len(found) >= 16 or not found:
             break
@@ -609,6 +749,8 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
         return
     said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions)),
                      _call_values(e.actions)) for e in found}
+    refusal_instead(host, acting[:8], said, kinds, rng, findings)
+    act_instead(host, found[:8], acting, kinds, findings)
     matter, paid = 0, []
     for e in found[:8]:
         where = _decision_texts(e.actions)

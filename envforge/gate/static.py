@@ -127,6 +127,9 @@ def _frame_names() -> frozenset[str]:
 
 
 _FRAME_NAMES = _frame_names()
+#: functools caches' statistics: hits and misses count every call in the process, a counter no
+#: episode owns (the state probe leaves a pure function's memo alone, so its counts are read here)
+_CACHE_STATS = frozenset({"cache_info", "cache_parameters"})
 #: Clock readers, on whatever value they are reached through (``D = datetime.date; D.today()``).
 _CLOCK_ATTRS = frozenset({"now", "today", "utcnow"})
 #: The public API of namedtuple, spelled with one underscore.
@@ -355,6 +358,8 @@ def attr_problem(m: "_Module", name: str) -> str | None:
         return f"the dunder attribute '.{name}'"
     if name in _FRAME_NAMES:
         return f"the frame/code internal '.{name}'"
+    if name in _CACHE_STATS:
+        return f"a cache's statistics '.{name}' (a process-wide counter every episode moves)"
     if name in m.defined:
         return None
     if name.startswith(_FRAME_PREFIXES):
@@ -679,22 +684,55 @@ def check_format_values(m: _Module):
                       "time; call .format() directly on a string literal, or use an f-string")
 
 
-_NESTED_QUANTIFIER = re.compile(r"\((?:\?:)?(?:\\.|\[[^\]]*\]|[^()\\])[+*]\)[+*{]")
+#: a group without groups inside, quantified without a bound (``(...)+``, ``(...)*``, ``(...){2,}``)
+_QUANTIFIED_GROUP = re.compile(r"(?<!\\)\((?:\?:)?((?:\\.|\[(?:\\.|[^\]])*\]|[^()\\])*)\)(?:[+*]|\{\d*,\})")
+_ATOM = re.compile(r"(\\.|\[(?:\\.|[^\]])*\]|[^\\\[|])([+*?]|\{\d*(?:,\d*)?\})?\??")
+
+
+def _ambiguous(pattern: str) -> bool:
+    """Whether ``pattern`` repeats a group every atom of which is optional or repeated, one at
+    least repeated (``(-+)+``, ``(a*)*``, ``([\\w.-]+\\s?)+``): such a group can split a run of
+    characters in exponentially many ways, and a string that fails at its end tries them all. A
+    group with a required atom (``(\\d+,)*``, ``(?:ab)+``) splits one way."""
+    for g in _QUANTIFIED_GROUP.finditer(pattern):
+        body = g.group(1)
+        if not body or "|" in body:
+            continue
+        atoms = _ATOM.findall(body)
+        if atoms and all(q for _, q in atoms) and any(q[:1] in ("+", "*") or q.endswith(",}") for _, q in atoms):
+            return True
+    return False
+
+
+def _pattern_texts(m: _Module, node: ast.AST) -> list[str]:
+    """The string a pattern argument is: a literal, or a name bound (at module or class level)
+    to literals only."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    out = []
+    for a in m.nodes[ast.Assign]:
+        if any(isinstance(t, ast.Name) and t.id == name for t in a.targets) \
+                and isinstance(a.value, ast.Constant) and isinstance(a.value.value, str):
+            out.append(a.value.value)
+    return out
 
 
 def check_regexes(m: _Module):
-    """No nested quantifiers in regex literals (``(-+)+$``, ``(a*)*``): on a long run of one
-    character they backtrack exponentially, a step that never returns."""
+    """No ambiguous repeated group in a pattern given to ``re.*`` as a literal or through a name
+    bound to one (``(-+)+$``, ``(a*)*``, ``([\\w.-]+\\s?)+``): on a long run of one character,
+    or words that fail at the end, they backtrack exponentially, a step that never returns."""
     for node in m.nodes[ast.Call]:
         d = m.dotted(node.func) or ""
         if not d.startswith("re.") or not node.args:
             continue
-        pattern = node.args[0]
-        if isinstance(pattern, ast.Constant) and isinstance(pattern.value, str) \
-                and _NESTED_QUANTIFIER.search(pattern.value):
-            yield _at("bounded", node, f"{_spelled(node)}: the pattern {pattern.value[:60]!r} "
-                      "nests a quantifier inside a quantified group, which backtracks exponentially "
-                      "on long runs of one character; quantify the inner or the outer part, not both")
+        for text in _pattern_texts(m, node.args[0]):
+            if _ambiguous(text):
+                yield _at("bounded", node, f"{_spelled(node)}: the pattern {text[:60]!r} repeats a "
+                          "group that can match the same characters in many ways (a quantifier inside "
+                          "a quantified group, nothing required between), which backtracks "
+                          "exponentially on a long run; make the repeated part match one way")
+                break
 
 
 def _through_module(m: _Module, node: ast.Attribute) -> bool:
