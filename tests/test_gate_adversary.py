@@ -260,13 +260,18 @@ def audited(tmp_path, name: str, source: str, probe_seed: int = 15):
     return report.verdict, [f.to_dict() for f in report.findings if f.severity == "error"]
 
 
-@pytest.mark.parametrize("name", sorted(READS))
-def test_reads_that_decide_nothing_are_rejected(tmp_path, name):
-    source, check, message = READS[name]
+def assert_rejected(tmp_path, name: str, source: str, check: str, message: str) -> None:
+    """The attack passes the static audit, and the full gate rejects it with ``check`` and a
+    message holding ``message``."""
     assert audit_static(source).ok, "the attack must pass the static audit"
     verdict, found = audited(tmp_path, name, source)
     assert verdict == "reject"
     assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_reads_that_decide_nothing_are_rejected(tmp_path, name):
+    assert_rejected(tmp_path, name, *READS[name])
 
 
 def test_the_clean_env_passes_the_read_probes(tmp_path):
@@ -352,11 +357,7 @@ ROUND2 = {
 
 @pytest.mark.parametrize("name", sorted(ROUND2))
 def test_attack_of_the_second_red_team_is_rejected(tmp_path, name):
-    source, check, message = ROUND2[name]
-    assert audit_static(source).ok, "the attack must pass the static audit"
-    verdict, found = audited(tmp_path, name, source)
-    assert verdict == "reject"
-    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+    assert_rejected(tmp_path, name, *ROUND2[name])
 
 
 @pytest.mark.parametrize("probe_seed", [1, 2, 3])
@@ -435,11 +436,7 @@ ROUND3 = {
 
 @pytest.mark.parametrize("name", sorted(ROUND3))
 def test_a_hole_left_open_by_the_second_red_team_is_closed(tmp_path, name):
-    source, check, message = ROUND3[name]
-    assert audit_static(source).ok, "the attack must pass the static audit"
-    verdict, found = audited(tmp_path, name, source)
-    assert verdict == "reject"
-    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+    assert_rejected(tmp_path, name, *ROUND3[name])
 
 
 def test_state_set_up_once_is_not_shared_state(tmp_path):
@@ -566,11 +563,7 @@ ROUND4 = {
 
 @pytest.mark.parametrize("name", sorted(ROUND4))
 def test_a_hole_the_third_red_team_found_is_closed(tmp_path, name):
-    source, check, message = ROUND4[name]
-    assert audit_static(source).ok, "the attack must pass the static audit"
-    verdict, found = audited(tmp_path, name, source)
-    assert verdict == "reject"
-    assert any(f["check"] == check and message in f["message"] for f in found), json.dumps(found, indent=1)
+    assert_rejected(tmp_path, name, *ROUND4[name])
 
 
 @pytest.mark.parametrize("code, flagged", [

@@ -786,7 +786,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             if ep.ok and ep.score >= e.score - 1e-6:
                 paid.append((e.seed, len(text)))
                 break
-    if len(paid) >= 2 and len(paid) * 4 >= instead:
+    if probes.often(paid, instead):
         findings.add("free_reward", f"the reference's reads followed by a reply instead of its write "
                      f"earn the full score on {len(paid)} of {instead} seeds where the reference writes "
                      f"(e.g. seed {paid[0][0]}, a reply of {paid[0][1]} characters): the write must be "

@@ -305,10 +305,7 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws) -> Non
             keys = [k for k in sorted(args) if isinstance(args[k], str) and k in sent]
             if kinds.get(name) == "read" and keys:
                 avoid = {v for vs in sent.values() for v in vs if isinstance(v, str)}
-                text = json.dumps([m.get("content") for step in e.trace for m in step[0]["messages"]])
-                prefix = re.match(r"[^\W\d]*", args[keys[0]]).group(0)
-                others = list(dict.fromkeys(x for x in re.findall(r"[\w.@+-]+", text) if x not in avoid
-                                            and x.startswith(prefix) and _shape(x) == _shape(args[keys[0]])))[:4]
+                others = _shaped(args[keys[0]], e, avoid)[:4]
                 if others:
                     more = [assistant(None, [tool_call(name, {**args, keys[0]: x}, f"call_o{t}_{n}")])
                             for n, x in enumerate(others)]
@@ -384,18 +381,24 @@ def _shape(value: str) -> str:
     return "".join("9" if c.isdigit() else "a" if c.isalpha() else c for c in value)
 
 
-def _other_record(value: str, episode, avoid=()) -> str:
-    """Another value of the shape of ``value`` (letters, digits, punctuation in the same places,
-    the same prefix) that the episode's observations show, and not one of ``avoid`` (the values
-    the episode's calls of the tool send: a swap among the records it reads anyway reads the same
-    ones): another real record's id, else a changed one."""
-    from envforge.gate.dynamic import _mutate
-
+def _shaped(value: str, episode, avoid=()) -> list[str]:
+    """The values of the shape of ``value`` (letters, digits, punctuation in the same places, the
+    same prefix) that the episode's observations show, in order, ``value`` and ``avoid`` left out."""
     text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
     prefix = re.match(r"[^\W\d]*", value).group(0)
-    for token in re.findall(r"[\w.@+-]+", text):
-        if token != value and token not in avoid and token.startswith(prefix) and _shape(token) == _shape(value):
-            return token
+    return list(dict.fromkeys(t for t in re.findall(r"[\w.@+-]+", text) if t != value and t not in avoid
+                              and t.startswith(prefix) and _shape(t) == _shape(value)))
+
+
+def _other_record(value: str, episode, avoid=()) -> str:
+    """Another value of the shape of ``value`` that the episode's observations show (``_shaped``),
+    not one of ``avoid`` (the values the episode's calls of the tool send: a swap among the
+    records it reads anyway reads the same ones): another real record's id, else a changed one."""
+    from envforge.gate.dynamic import _mutate
+
+    found = _shaped(value, episode, avoid)
+    if found:
+        return found[0]
     out = _mutate(value)
     while out in avoid:
         out = _mutate(out)
@@ -571,7 +574,7 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
             again = host.episode("a", e.seed, scripted(twice), "calls only, reads twice")
             if again.ok and again.score >= e.score - 1e-6:
                 paid.append(e.seed)
-    if len(paid) >= 2 and len(paid) * 4 >= lowered:
+    if often(paid, lowered):
         findings.add("free_reward", f"without the reference's texts the score falls, but with every read "
                      f"made twice it is full again ({len(paid)} of {lowered} seeds, e.g. seed {paid[0]}): "
                      "a repeated read stands in for what the agent must say (a confirmation?).",
@@ -613,6 +616,18 @@ def _as_if(text: str, theirs: dict, mine: dict) -> str:
     return text
 
 
+def _after_reads(actions: list, kinds: dict) -> int:
+    """Where the plan's reads before its first act end (0 when it acts before any call)."""
+    first = next(i for i, a in enumerate(actions) if _acts([a], kinds))
+    return max((i + 1 for i in range(first) if actions[i].get("tool_calls")), default=0)
+
+
+def often(paid: list, tried: int) -> bool:
+    """Whether a probe paid on enough seeds to be the env, not a seed where the move is allowed:
+    2 at least, and a quarter of those tried."""
+    return len(paid) >= 2 and len(paid) * 4 >= tried
+
+
 def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Random, findings) -> None:
     """On seeds where the reference acts, its reads, then another seed's declining text (its
     records' ids made this seed's) instead of what it does next: a refusal must not earn the full
@@ -621,9 +636,7 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
 
     tried, paid = 0, []
     for e in acting:
-        first = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
-        reads = [i for i in range(first) if e.actions[i].get("tool_calls")]
-        prefix = e.actions[:reads[-1] + 1] if reads else []
+        prefix = e.actions[:_after_reads(e.actions, kinds)]
         mine = _call_values(e.actions)
         texts = [_as_if(t, vals, mine) for t, vals in said.values()]
         tried += 1
@@ -632,7 +645,7 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
             if ep.ok and ep.score >= e.score - 1e-6:
                 paid.append(e.seed)
                 break
-    if len(paid) >= 2 and len(paid) * 4 >= tried:
+    if often(paid, tried):
         findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
                      f"on {len(paid)} of {tried} seeds where the reference carries the request out (e.g. seed "
                      f"{paid[0]}): refusing must not pay where acting is right, or the agent learns to refuse "
@@ -650,9 +663,7 @@ def _shown_value(value: Any, schema: Any, episode) -> Any:
         named = [(users.lower().find(str(x).lower()), x) for x in enum if str(x).lower() in users.lower()]
         return min(named, key=lambda p: p[0])[1] if named else value
     if isinstance(value, str):
-        text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
-        prefix = re.match(r"[^\W\d]*", value).group(0)
-        return next((t for t in re.findall(r"[\w.@+-]+", text) if t.startswith(prefix) and _shape(t) == _shape(value)), value)
+        return next(iter(_shaped(value, episode)), value)
     if isinstance(value, int) and not isinstance(value, bool):
         numbers = [int(n) for n in re.findall(r"(?<![\w-])\d{1,6}(?![\w-])", users)]
         return numbers[0] if numbers else value
@@ -670,10 +681,9 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
                and isinstance(t.get("function"), dict)}
     tails, tools = [], set()
     for e in acting:  # one tail per write tool
-        first = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
-        reads = [i for i in range(first) if e.actions[i].get("tool_calls")]
-        tail = e.actions[reads[-1] + 1 if reads else 0:]
-        name = next(c["function"]["name"] for c in e.actions[first]["tool_calls"])
+        tail = e.actions[_after_reads(e.actions, kinds):]
+        name = next(c["function"]["name"] for a in tail if _acts([a], kinds) for c in a["tool_calls"]
+                    if kinds.get(c["function"]["name"]) not in ("read", "escalation"))
         if name not in tools:
             tools.add(name)
             tails.append((e, tail))
@@ -691,8 +701,8 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
                     for k, v in (_json_args(c) or {}).items():
                         if isinstance(v, (str, int)) and not isinstance(v, bool):
                             swap[(c["function"]["name"], k, 0)] = _shown_value(v, props.get(k), e)
-                            theirs = {**theirs, (c["function"]["name"], k, 0): str(v)}
-            mine = {**mine, **{k: str(v) for k, v in swap.items()}}
+                            theirs[(c["function"]["name"], k, 0)] = str(v)
+            mine.update((k, str(v)) for k, v in swap.items())
             for a in tail:
                 if a.get("tool_calls"):
                     new = [tool_call(c["function"]["name"], {k: swap.get((c["function"]["name"], k, 0), v)
@@ -707,7 +717,7 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
             if ep.ok and ep.score >= e.score - 1e-6 and _acts(ep.actions, kinds):
                 paid.append(e.seed)
                 break
-    if len(paid) >= 2 and len(paid) * 4 >= tried:
+    if often(paid, tried):
         findings.add("free_reward", f"carrying the request out (what the reference does where it acts, with "
                      f"this seed's values) earns the full score on {len(paid)} of {tried} seeds where the "
                      f"reference declines (e.g. seed {paid[0]}): a write that should be refused must not "
@@ -773,7 +783,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
         ep = instead(" ".join(every), "every reason at once")
         if ep.ok and ep.score >= e.score - 1e-6:
             paid.append(e.seed)
-    if len(paid) >= 2 and len(paid) * 4 >= matter:
+    if often(paid, matter):
         findings.add("free_reward", f"a refusal that names every reason at once (the other seeds' declining "
                      f"texts in one reply) earns the full score on {len(paid)} of {matter} seeds where one of "
                      f"them alone scores lower (e.g. seed {paid[0]}): credit a refusal only for the reason "
