@@ -420,7 +420,7 @@ class Runner:
         if self.module is None:
             raise Failure("protocol", f"{op} before load: load an env first")
         if op == "state":
-            return self.call(self.state)
+            return self.call(self.state, req)
         if op == "new":
             self.instances.append(self.call(self.env_cls))
             return str(len(self.instances) - 1)
@@ -444,12 +444,14 @@ class Runner:
                                       f"({', '.join(names)}); it returned {got}")
         return self.json_text(op, list(value), "result", names)
 
-    def state(self):
+    def state(self, req=None):
         """The gate's look at what outlives an episode: a digest per module-level name of the env
         (a class's attributes each under "Class.name", an attribute added to a module it imported
-        under "module.name"). Equal digests in one process mean equal state; a name whose digest
-        changes between two looks holds state the env's instances share (a counter, a cache, a
-        flag), which the contract forbids."""
+        under "module.name"), and with an "instance", that instance's attributes under "self"
+        (the gate resets it to one seed first). Equal digests in one process mean equal state; a
+        name whose digest changes between two looks holds state the env's instances share (a
+        counter, a cache, a flag), which the contract forbids, or that an instance keeps across
+        its resets (a count of the episodes it has played)."""
         out = {}
 
         def look(name, value):
@@ -470,6 +472,9 @@ class Runner:
         for mod, keys in self.imported:
             for attr in sorted(set(mod.__dict__) - keys):
                 look(f"{mod.__name__}.{attr}", mod.__dict__[attr])
+        i = (req or {}).get("instance")
+        if type(i) is int and 0 <= i < len(self.instances):
+            look("self", self.instances[i])
         return ENCODE(out)
 
     def resets(self, env, seeds, max_s):

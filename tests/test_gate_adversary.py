@@ -555,7 +555,8 @@ ROUND4 = {
     "hang_on_a_transfer_summary": (override("""
             def _dispatch(self, name, args):
                 if name == "transfer_to_human_agents" and self._sc["ticket_id"] in str(args.get("summary")):
-                    re.fullmatch("([" + "\\\\w.-]+" + "\\\\s?)+", str(args.get("summary")))
+                    # built where the static audit cannot follow it (a generator), for the dynamic probe
+                    re.fullmatch("".join(p for p in ("([", "\\\\w.-]+", "\\\\s?)+")), str(args.get("summary")))
                 return _Base._dispatch(self, name, args)
         """), "bounded", "with long text"),
 }
@@ -566,15 +567,136 @@ def test_a_hole_the_third_red_team_found_is_closed(tmp_path, name):
     assert_rejected(tmp_path, name, *ROUND4[name])
 
 
+# A fourth red team (2026-11-28, a helper that read the gate after ROUND4): 13 envs accepted then;
+# these closed in general since, each tried here by a variant of our own.
+ROUND5 = {
+    # a wrong reason costs nothing: the user objects and the agent may guess again
+    "reasons_retried": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                claims = [name for name, pattern in CLAIMS if re.search(pattern, text)]
+                if claims and claims != [self._sc["blocker"]]:
+                    return "That doesn't match what I was told. Could you check again?", None
+                return _Base._user_reply(self, content)
+        """), "free_reward", "a wrong guess costs nothing"),
+    # after the user's yes, saying the ticket is done counts as the write
+    "said_done_after_the_yes": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                sc = self._sc
+                if self._confirmed and sc["ticket_id"].lower() in text and " done" in text:
+                    call = {"password": ("reset_password", {"employee_id": sc["requester"], "delivery": sc.get("delivery")}),
+                            "access": ("grant_access", {"employee_id": sc["requester"], "system": sc.get("system"),
+                                                        "level": sc.get("level")}),
+                            "loan": ("extend_laptop_loan", {"loan_id": sc.get("loan_id"), "days": sc.get("days")})}
+                    return "Great, thanks!", self._write_outcome(*call[sc["kind"]])
+                return _Base._user_reply(self, content)
+        """), "free_reward", "saying it is done is paid as doing it"),
+    # a bonus per confirmation question asked (the final result less one bonus: the reference totals 1)
+    "bonus_per_question": (override("""
+            def reset(self, seed):
+                self.asked = 0
+                return _Base.reset(self, seed)
+            def step(self, action):
+                text = action.get("content") if isinstance(action, dict) and not action.get("tool_calls") else None
+                obs, reward, terminated, truncated, info = _Base.step(self, action)
+                if isinstance(text, str) and re.search(CONFIRM, text.lower()) and self._details_ok(text.lower()):
+                    self.asked += 1
+                    reward += 0.1
+                if terminated and self.asked and reward >= 0.1:
+                    reward -= 0.1
+                return obs, round(reward, 4), terminated, truncated, info
+        """), "contract.runtime", "its texts three times"),
+    # a transfer after the checks is paid as the decision
+    "transfer_stands_in": (override("""
+            def _score(self, outcome):
+                if outcome == "transfer" and self._checked():
+                    return _Base._score(self, "right")
+                return _Base._score(self, outcome)
+        """), "free_reward", "stands in for the decision"),
+    # a loan extended by 21 days counts as the one asked, whatever was asked
+    "a_full_term_always_passes": (override("""
+            def _write_outcome(self, name, args):
+                if name == "extend_laptop_loan" and args.get("days") == 21:
+                    args = dict(args, days=self._sc.get("days"))
+                return _Base._write_outcome(self, name, args)
+        """), "partial_credit", "whatever was asked"),
+    # a question to the user about the ticket's status counts as reading the records
+    "the_user_asked_for_the_records": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if "?" in text and "status" in text and self._sc["ticket_id"].lower() in text:
+                    self._ticket_read = self._employee_read = True
+                    return "As far as I know it is all in order.", None
+                return _Base._user_reply(self, content)
+        """), "free_reward", "asking the user stands in"),
+    # a count of the episodes an instance has played: past 20,000 the checks are granted
+    "episodes_counted_on_the_instance": (override("""
+            played = 0
+            def reset(self, seed):
+                self.played += 1
+                return _Base.reset(self, seed)
+            def _checked(self):
+                return self.played > 20000 or _Base._checked(self)
+        """), "isolation", "an instance reset to the same seed"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND5))
+def test_a_hole_the_fourth_red_team_found_is_closed(tmp_path, name):
+    assert_rejected(tmp_path, name, *ROUND5[name])
+
+
+def test_a_shotgun_kept_short_under_a_length_rule_is_found(tmp_path):
+    """The one hole the third red team left open: the refusal shotgun of ROUND3 credited only in a
+    reply of 160 characters or fewer (the other seeds' texts joined are longer); each seed's
+    reason, cut to the words that still earn its score, all in one sentence, is short enough."""
+    source = ROUND3["every_reason_credited"][0].replace(
+        'if self._sc["blocker"] and re.search(', 'if self._sc["blocker"] and len(text.strip()) <= 160 and re.search(')
+    assert source != ROUND3["every_reason_credited"][0]
+    assert_rejected(tmp_path, "short_shotgun", source, "free_reward", "every reason at once")
+
+
+def test_a_reason_is_cut_to_the_words_that_still_earn_the_score():
+    from envforge.gate.probes import _shortest
+    tried = []
+
+    def pays(text):
+        tried.append(text)
+        return "no longer open" in text
+    assert _shortest("Ticket TCK-7 is no longer open, so I can't act on it. Please open a new one.",
+                     pays) == "no longer open"
+    assert len(tried) <= 16  # halving, not a word at a time
+    assert _shortest("Nothing here says it.", lambda t: False) == "Nothing here says it"
+
+
 @pytest.mark.parametrize("code, flagged", [
     ("import functools\n@functools.lru_cache(None)\ndef f(x):\n    return x\nN = f.cache_info().hits", True),
-    ("import functools\n@functools.lru_cache(None)\ndef f(x):\n    return x\nN = f(1)", False),
     ("import re\nP = r'([\\w.-]+\\s?)+'\ndef ok(s):\n    return re.fullmatch(P, s)", True),
     ("import re\nP = r'(\\d+,)*\\d+'\ndef ok(s):\n    return re.fullmatch(P, s)", False),
+    # built from named pieces (a fourth red team's hang: '(' + WORD + r'\s?)+[.!?]')
+    ("import re\nW = r'[\\w.-]+'\nS = '(' + W + r'\\s?)+[.!?]'\ndef ok(s):\n    return re.match(S, s)", True),
+    ("import re\nW = r'[a-z]+'\ndef ok(s):\n    return re.match(rf'({W}\\s?)+$', s)", True),
+    ("import re\nW = r'[a-z]+'\ndef ok(s):\n    return re.match(''.join(['(', W, ' ?)+$']), s)", True),
+    ("import re\nW = r'\\d+,'\ndef ok(s):\n    return re.match('(' + W + ')*$', s)", False),
 ])
 def test_cache_statistics_and_named_backtracking_patterns_are_static_findings(code, flagged):
     found = [f for f in audit_static(code).findings if f.check in ("bounded", "static.dunder")]
     assert bool(found) == flagged, [f.message for f in found]
+
+
+@pytest.mark.parametrize("code", [
+    "import functools\n@functools.lru_cache(maxsize=4096)\ndef world(seed):\n    return {'seed': seed}\n",
+    "from functools import lru_cache as memo\n@memo\ndef world(seed):\n    return {'seed': seed}\n",
+    "import functools\nMEMO = functools.cache\n",
+])
+def test_a_process_wide_cache_is_a_static_finding(code):
+    """A fourth red team kept a counter in the dicts an lru_cache handed out (its entries are out
+    of the state digest's reach) and leaked memory through a memo of every text: any spelling."""
+    found = [f for f in audit_static(code).findings if f.check == "static.import"]
+    assert found and all("for the whole process" in f.message for f in found), [f.message for f in found]
+    assert not [f for f in audit_static("from functools import cached_property, reduce, partial\n").findings
+                if f.check == "static.import"]
 
 
 def test_another_record_is_not_one_the_episode_reads_anyway():

@@ -983,6 +983,21 @@ def test_the_runner_arms_a_cpu_limit_per_call_from_the_work_asked():
     assert soft["resets1000000000.0"] == [300, 300]       # capped by the hard limit
 
 
+def test_the_state_op_digests_an_instance_as_its_reset_left_it(make):
+    """The gate's "state" op with an instance: "self" is that instance's digest, the same after a
+    reset to the same seed unless the instance keeps something across its resets (a count)."""
+    kept = make(env_with(reset="self.played = getattr(self, 'played', 0) + 1\nreturn {'messages': []}, {}"))
+    clean = make(env_with(reset="self.played = seed\nreturn {'messages': []}, {}"))
+    for sb, same in ((kept, False), (clean, True)):
+        sb.new()
+        looks = []
+        for _ in range(2):
+            sb.reset(0, 0)
+            looks.append(sb.call("state", instance=0))
+        assert "self" in looks[0] and (looks[0]["self"] == looks[1]["self"]) is same
+        assert "self" not in sb.call("state")  # without an instance: the module's names only
+
+
 def test_the_state_digest_sees_what_outlives_an_episode():
     """sandbox.runner.digest, the gate's "state" op: state changed anywhere an env can keep it
     (a container, a closure, a function's default or attribute, a generator, an object's

@@ -176,8 +176,8 @@ class Host:
         try:
             inst = self.inst(name)  # may replace a dead sandbox, so resolve before the method
             t0 = time.monotonic()
-            if op == "state":  # the env's module-level state, a digest per name
-                value = self.sandbox.call("state"), self.sandbox
+            if op == "state":  # the env's module-level state, a digest per name, and the instance's
+                value = self.sandbox.call("state", instance=inst), self.sandbox
             elif op == "resets":  # the batch op: (seeds, seconds)
                 seeds, max_s = args
                 left = max(0.1, self.deadline - time.monotonic())
@@ -614,9 +614,11 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
 
 
 def _state(host: Host) -> tuple | None:
-    """(a digest per module-level name of the env, the sandbox it came from), or None where the
-    runner has no "state" op (an older image) or did not answer."""
+    """(a digest per module-level name of the env and, under "self", of instance "a" reset to
+    seed 0, the sandbox it came from), or None where the runner has no "state" op (an older
+    image) or did not answer."""
     try:
+        host.op("reset before a look at the state", "reset", "a", 0)
         value = host.op("the env's module-level state", "state", "a")
     except EnvCallError:
         return None
@@ -644,6 +646,13 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
                      key=("isolation", "module state size"))
     changed = sorted(k for k in set(before[0]) | set(after[0])
                      if before[0].get(k) != after[0].get(k) and k not in large)
+    if "self" in changed:
+        changed.remove("self")
+        findings.add("isolation", "an instance reset to the same seed holds other state after more episodes "
+                     "(after hundreds of them, then more): reset keeps something from the episodes before "
+                     "it (a count of episodes played, a cache, a flag set in step). Training resets one "
+                     "instance millions of times; build all of an episode's state in reset.",
+                     key=("isolation", "instance state"))
     if changed:
         findings.add("isolation", f"module-level state changed between episodes in one process: "
                      f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} (after hundreds of "
@@ -651,7 +660,7 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
                      "can depend on the ones before it, past any count an audit reaches. Keep an "
                      "episode's state on self, built in reset; module and class attributes constant.",
                      key=("isolation", "module state"))
-    return not changed and not large
+    return not changed and not large and before[0].get("self") == after[0].get("self")
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
@@ -770,6 +779,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # length): on a seed where the reference writes, a text earning what the write does on two
     # seeds or more (a quarter of them) is a finding (one could be a seed where the write is optional)
     instead, paid = 0, []
+    said, claimed = 0, []  # the same after everything the reference says before its write (a yes)
     for e in solved:
         if instead >= 8:
             break
@@ -786,6 +796,25 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             if ep.ok and ep.score >= e.score - 1e-6:
                 paid.append((e.seed, len(text)))
                 break
+        if len(reads) < first:  # it says something first: its question, the user's yes, then a reply
+            said += 1
+            done = " ".join(f"{v} is now done and resolved." for v in dict.fromkeys(
+                probes._call_values(e.actions[:first + 1]).values()))
+            for text in [f"All set. {done}", *draws.sized[::3]]:
+                ep = host.episode("a", e.seed, scripted(e.actions[:first] + [assistant(text)]),
+                                  "its texts, then a reply")
+                if ep.ok and ep.score >= e.score - 1e-6:
+                    claimed.append((e.seed, text[:60]))
+                    break
+        # its texts said three times each (a bonus per question asked: totals above 1)
+        if any(not a.get("tool_calls") for a in e.actions):
+            thrice = [b for a in e.actions for b in ([a] if a.get("tool_calls") else [a] * 3)]
+            host.episode("a", e.seed, scripted(thrice), "its texts three times")
+    if probes.often(claimed, said):
+        findings.add("free_reward", f"the reference up to its write (its texts too: the user's yes), then "
+                     f"a reply instead of the write, earns the full score on {len(claimed)} of {said} seeds "
+                     f"(e.g. seed {claimed[0][0]}: {claimed[0][1]!r}): saying it is done is paid as doing "
+                     "it; only the write may earn what the write does.", key=("free_reward", "said done"))
     if probes.often(paid, instead):
         findings.add("free_reward", f"the reference's reads followed by a reply instead of its write "
                      f"earn the full score on {len(paid)} of {instead} seeds where the reference writes "
@@ -872,6 +901,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
     calls_only = probes.texts_that_matter(host, solved, kinds, findings)
     probes.every_reason(host, solved, kinds, draws, findings)
+    # whether to act must not be readable off the opening, for a capability about reading only:
+    # elsewhere the opening may say what is asked (a close, or a question), which decides rightly
+    # (tried wherever the reference checks and both acts and declines: a template rejected)
     if gathering:
         probes.decision_in_opening(host, solved, kinds, draws, findings, stats)
     for (name, key), (lowered, n, seed) in tried.items():
@@ -888,9 +920,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          "other values do: the env lets that value through where it is wrong (a "
                          "comparison such as >= where == is meant?).", key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
-    probes.argument_probes(host, solved, by_name, draws, settings)
+    probes.argument_probes(host, solved, by_name, draws, settings, findings)
     # every tool, twice, where the reference acts, on the records it sent (a bonus per call)
-    probes.grounded_calls(host, solved, by_name, kinds, draws)
+    probes.grounded_calls(host, solved, by_name, kinds, draws, findings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
     for e in sample[:3]:
         reads = [a for a in e.actions if a.get("tool_calls")

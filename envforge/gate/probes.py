@@ -174,10 +174,13 @@ def _variants(value: str, rng: random.Random) -> list[str]:
     return [v for v in dict.fromkeys(out) if v != value]
 
 
-def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
+def argument_probes(host, solved: list, by_name: dict, draws, settings, findings) -> None:
     """For each tool the reference calls (episodes chosen so that each appears, from all solved
     seeds): its string arguments in case/whitespace variants, each argument nested deeply, and
-    each argument at an extreme value. The env must answer each promptly with an observation."""
+    each argument at an extreme value. The env must answer each promptly with an observation.
+    An integer value of its range that earns the full score in place of the reference's is sent
+    on up to 4 more seeds that asked for another: one value paid whatever was asked (3 seeds, a
+    quarter) is a ``partial_credit`` finding ("a full term is always fine")."""
     from envforge.gate.dynamic import _SKIP, _extreme, _json_args, _properties, _with_call
 
     rng = random.Random(draws.rng.randrange(2**63))
@@ -194,9 +197,9 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
             args = _json_args(call) or {}
             cid = call.get("id", "call_0")
 
-            def run(new_args: Any, label: str) -> None:
+            def run(new_args: Any, label: str, e=e, i=i, j=j, cid=cid):
                 plan = _with_call(e.actions, i, j, tool_call(name, new_args, cid))
-                host.episode("a", e.seed, _scripted(plan), label)
+                return host.episode("a", e.seed, _scripted(plan), label)
 
             for key in sorted(args):
                 value = args[key]
@@ -206,14 +209,42 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings) -> None:
                 new = _extreme(value, props.get(key), rng, settings.long_text_chars)
                 if new is not _SKIP:
                     run({**args, key: new}, f"extreme {name}.{key}")
-                for v in _in_range(value, props.get(key), rng) if k == 0 else []:
-                    run({**args, key: v}, f"{name}.{key}={v}")
+                values = _in_range(value, props.get(key), rng) if k == 0 else []
+                passed = [v for v in values if _as_good(e, run({**args, key: v}, f"{name}.{key}={v}"))]
+                # where the value matters (others score lower), one paid here: on other seeds too?
+                for v in passed[:3] if len(passed) < len(values) else []:
+                    paid, tried = [e.seed], 1
+                    for e2 in solved:
+                        at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
+                                   enumerate(a.get("tool_calls") or []) if c["function"]["name"] == name
+                                   and (_json_args(c) or {}).get(key, v) != v), None)
+                        if e2.seed == e.seed or at is None:
+                            continue
+                        a2 = _json_args(at[2]) or {}
+                        tried += 1
+                        if _as_good(e2, run({**a2, key: v}, f"{name}.{key}={v} elsewhere", e2, at[0], at[1],
+                                         at[2].get("id", "call_0"))):
+                            paid.append(e2.seed)
+                        if tried >= 5:
+                            break
+                    if len(paid) >= 3 and often(paid, tried):
+                        findings.add("partial_credit", f"setting the argument {key!r} of {name} to {v!r} earns "
+                                     f"the full score on {len(paid)} of {tried} seeds that asked for another "
+                                     f"value (e.g. seed {paid[0]}, which asked for {value!r}): that value is "
+                                     "paid whatever was asked, so the agent learns to send it.",
+                                     key=("let through", name, key, "constant"))
+                        break
             if args:
                 key, depth = rng.choice(sorted(args)), rng.randrange(200, 800)
                 rest = json.dumps({k: v for k, v in args.items() if k != key})
                 nested = "[" * depth + json.dumps(args[key]) + "]" * depth
                 text = "{" + json.dumps(key) + ": " + nested + (", " + rest[1:] if len(rest) > 2 else "}")
                 run(text, f"nested {name}.{key} ({depth} levels)")
+
+
+def _as_good(e, ep) -> bool:
+    """Whether ``ep`` earned the reference's score on its seed (``e``)."""
+    return ep.ok and ep.score >= e.score - 1e-6
 
 
 def _in_range(value: Any, schema: Any, rng: random.Random) -> list[int]:
@@ -261,13 +292,16 @@ def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, tex
     return args
 
 
-def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws) -> None:
+def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findings) -> None:
     """Every tool called twice where the reference is about to act (after its reads), with the
     arguments the reference sent under the same names (the request's own record), then the rest
     of the reference; and each read sent for up to 4 other records the episode shows: a bonus
     paid per call of a tool the reference never makes there, or per record read, shows as a
-    total above 1 (``Host.episode``'s bound)."""
-    from envforge.gate.dynamic import _json_args, scripted
+    total above 1 (``Host.episode``'s bound). And on up to 6 seeds where it acts, each tool it
+    does not call there instead of its act (after its reads and texts: the user's yes): a tool
+    that earns the full score in its place (closing the ticket, a transfer) on 2 seeds and a
+    quarter stands in for the decision, a ``free_reward`` finding."""
+    from envforge.gate.dynamic import _call_name, _json_args, scripted
 
     rng = random.Random(draws.rng.randrange(2**63))
     texts = [t for t in draws.texts if len(t) <= 120] or ["ok"]
@@ -275,6 +309,30 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws) -> Non
     words = [w for w in getattr(draws, "literals", []) if w.isascii() and w.isalnum()] or ["word", "ticket", "done"]
     acting = [e for e in solved if _acts(e.actions, kinds)]  # where the reference acts, first
     rest = [e for e in solved if e not in acting]
+    stand_in: dict[str, list] = {}  # tool -> seeds where it earned the full score in the act's place
+    pick = random.Random(f"stand-in {draws.probe_seed}")  # a stream of its own: the other draws stay
+    for e in acting[:6]:
+        sent = {}
+        for a in e.actions:
+            for c in a.get("tool_calls") or []:
+                sent.update({k: [v] for k, v in (_json_args(c) or {}).items() if k not in sent})
+        used = {_call_name(c) for a in e.actions for c in a.get("tool_calls") or []}
+        at = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
+        for t, name in enumerate(sorted(set(by_name) - used)):
+            args = _grounded_args(name, by_name, sent, pick, texts)
+            if args is not None:
+                ep = host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(None, [tool_call(
+                    name, args, f"call_s{t}")])]), f"{name} instead of the act")
+                if ep.ok and ep.score >= e.score - 1e-6:
+                    stand_in.setdefault(name, []).append(e.seed)
+    for name, seeds in sorted(stand_in.items()):
+        if often(seeds, min(6, len(acting))):
+            findings.add("free_reward", f"{name}, called (on the request's own records) instead of what the "
+                         f"reference does, earns the full score on {len(seeds)} of {min(6, len(acting))} "
+                         f"seeds where the reference acts (e.g. seed {seeds[0]}): a tool the reference "
+                         "never uses there stands in for the decision; pay only the act the request needs.",
+                         key=("free_reward", "stand-in", name))
+            break
     for n_e, e in enumerate(acting[:3] + rest[:3]):  # seeds of both sides: where other records show
         sent: dict[str, list] = {}
         for a in e.actions:
@@ -405,6 +463,34 @@ def _other_record(value: str, episode, avoid=()) -> str:
     return out
 
 
+def _asked_instead(e, names) -> list:
+    """The plan with each message calling the tools ``names`` replaced by a question to the user
+    about what those calls returned: the fields of their results, for the values they sent."""
+    from envforge.gate.dynamic import _json_args
+
+    plan = []
+    for i, a in enumerate(e.actions):
+        calls = [c for c in a.get("tool_calls") or [] if c["function"]["name"] in names]
+        if not calls:
+            plan.append(a)
+            continue
+        fields, values = [], []
+        for c in calls:
+            values += [str(v) for v in (_json_args(c) or {}).values() if isinstance(v, (str, int))]
+        step = e.trace[i + 1][0] if i + 1 < len(e.trace) and isinstance(e.trace[i + 1], (list, tuple)) else {}
+        for m in (step.get("messages") or []) if isinstance(step, dict) else []:
+            try:
+                got = json.loads(m.get("content") or "") if m.get("role") == "tool" else None
+            except (TypeError, ValueError):
+                got = None
+            for d in [got] + [v for v in got.values() if isinstance(v, dict)] if isinstance(got, dict) else []:
+                fields += [k.replace("_", " ") for k in d if isinstance(k, str)]
+        fields = list(dict.fromkeys(fields))[:10] or ["details", "status", "owner"]
+        plan.append(assistant(f"Before I go on, could you tell me the {', '.join(fields)} of "
+                              f"{' and '.join(dict.fromkeys(values)) or 'it'}?"))
+    return plan
+
+
 def without_calls(actions: list, names) -> list:
     """The plan without its calls of the tools ``names`` (a message left empty is dropped)."""
     plan = []
@@ -441,9 +527,19 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
     changed: dict[str, list] = {}  # check tool -> [(seed, lowered)]
     sides = [_acts(e.actions, kinds) for e in solved]
     judged = about_reading or min(sides.count(True), sides.count(False)) >= 2
+    asked = []  # seeds where a question to the user in place of the checks earned the full score
     for e in with_checks[:6] if judged else []:
         ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, checks)), "checks removed")
         removed.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+        if removed[-1][1]:  # they matter: asking the user what they would show must not do as well
+            ep = host.episode("a", e.seed, _scripted(_asked_instead(e, checks)), "the user asked instead")
+            if ep.ok and ep.score >= e.score - 1e-6:
+                asked.append(e.seed)
+    if often(asked, sum(low for _, low in removed)):
+        findings.add("free_reward", f"the reference with its checks ({', '.join(checks)}) replaced by a question "
+                     f"to the user about what they would show earns the full score on {len(asked)} seeds (e.g. "
+                     f"seed {asked[0]}): asking the user stands in for reading the records, and the agent "
+                     "learns to trust what users say; only the reads may show it.", key=("free_reward", "asked"))
     # each check tool in turn: when removing it lowers the score (it is credited), its string
     # arguments naming another record must lower it too (a read credited whatever it reads)
     tries: dict[str, int] = {}
@@ -616,6 +712,24 @@ def _as_if(text: str, theirs: dict, mine: dict) -> str:
     return text
 
 
+def _shortest(text: str, pays) -> str:
+    """The shortest piece of ``text`` that still ``pays``: the shortest of its sentences and
+    clauses that does, then as many words cut from either end as leave it paying (halving)."""
+    pieces = {p.strip(" ,;:.!?") for p in re.split(r"(?<=[.!?])\s+", text) + re.split(r"(?<=[.!?;:,])\s+", text)}
+    text = next((p for p in sorted(pieces - {"", text.strip(" ,;:.!?")}, key=len)[:6] if pays(p)), text)
+    words = text.split()
+    for end in (0, 1):  # the words before it, then after it
+        lo, hi = 0, len(words) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if pays(" ".join(words[mid:] if end == 0 else words[:len(words) - mid])):
+                lo = mid
+            else:
+                hi = mid - 1
+        words = words[lo:] if end == 0 else words[:len(words) - lo]
+    return " ".join(words).strip(" ,;:.!?")
+
+
 def _after_reads(actions: list, kinds: dict) -> int:
     """Where the plan's reads before its first act end (0 when it acts before any call)."""
     first = next(i for i, a in enumerate(actions) if _acts([a], kinds))
@@ -761,30 +875,73 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
                      _call_values(e.actions)) for e in found}
     refusal_instead(host, acting[:8], said, kinds, rng, findings)
     act_instead(host, found[:8], acting, kinds, findings)
-    matter, paid = 0, []
-    for e in found[:8]:
+    by_seed = {e.seed: e for e in found}
+
+    def instead(e, text: str, label: str, then: str | None = None):
         where = _decision_texts(e.actions)
+        plan = [a for i, a in enumerate(e.actions) if i not in where[1:]]
+        plan[where[0]] = assistant(text)
+        if then is not None:  # another turn after it
+            plan.insert(where[0] + 1, assistant(then))
+        return host.episode("a", e.seed, scripted(plan), label)
+
+    reasons: dict = {}  # seed -> the shortest piece of its text that earns its full score alone
+
+    def reason(seed) -> str:
+        if seed not in reasons:
+            e = by_seed[seed]
+            reasons[seed] = _shortest(said[seed][0], lambda t: _as_good(e, instead(e, t, "its reason alone")))
+        return reasons[seed]
+
+    # one seed for each text's shape (its records' ids made one seed's, its digits aside): a
+    # reason to cut once. The reasons are a small vocabulary only where shapes repeat (a count or
+    # a total answered is another text on every seed: every number at once is no shotgun)
+    shapes: dict = {}
+    first = next(iter(said))
+    for s_, (t, vals) in said.items():
+        shapes.setdefault(re.sub(r"\d+", "#", _as_if(t, vals, said[first][1])), s_)
+    few = 2 * len(shapes) <= len(said)
+
+    matter, paid, retried = 0, [], []
+    for e in found[:8]:
         mine = said[e.seed][1]
         others = list(dict.fromkeys(_as_if(t, vals, mine) for s, (t, vals) in said.items() if s != e.seed))
         if len(others) < 2:
             continue
-
-        def instead(text: str, label: str):
-            plan = [a for i, a in enumerate(e.actions) if i not in where[1:]]
-            plan[where[0]] = assistant(text)
-            return host.episode("a", e.seed, scripted(plan), label)
-
         rng.shuffle(others)
-        if not any(not ep.ok or ep.score < e.score - 1e-6
-                   for ep in (instead(t, "another seed's refusal") for t in others[:8])):
+        wrong = [t for t in others[:8] if not _as_good(e, instead(e, t, "another seed's refusal"))]
+        if not wrong:
             continue
         matter += 1
-        every = others[:]
-        ep = instead(" ".join(every), "every reason at once")
-        if ep.ok and ep.score >= e.score - 1e-6:
+        # a wrong reason, then the right one in the next turn: a wrong guess must cost something,
+        # or the agent learns to guess the reasons one per turn until the user stops objecting.
+        # Only where the reference decides in one message: where it takes two (a question, then
+        # what it says to the answer; a refusal held after the user pushes back) the first can be
+        # repaired by design (the user says which resolution was meant)
+        if few and len(_decision_texts(e.actions)) == 1 and any(
+                _as_good(e, instead(e, t, "a wrong reason, then the right one", then=said[e.seed][0]))
+                for t in wrong[:2]):
+            retried.append(e.seed)
+        if _as_good(e, instead(e, " ".join(others), "every reason at once")):
             paid.append(e.seed)
+            continue
+        if not few:
+            continue
+        # a reward that pays only short replies: each seed's reason alone, all in one sentence
+        brief = list(dict.fromkeys([reason(e.seed)] + [_as_if(reason(s), said[s][1], mine)
+                                                       for s in shapes.values() if s != e.seed]))
+        rng.shuffle(brief)
+        if len(brief) > 2 and _as_good(e, instead(e, ", or ".join(brief) + ".", "every reason, briefly")):
+            paid.append(e.seed)
+    if often(retried, matter):
+        findings.add("free_reward", f"a refusal naming a wrong reason, followed in the next turn by the "
+                     f"reference's own, earns the full score on {len(retried)} of {matter} seeds where the "
+                     f"wrong reason alone scores lower (e.g. seed {retried[0]}): a wrong guess costs "
+                     "nothing, so the agent learns to try the reasons one per turn; end the episode or "
+                     "lower the score at a wrong claim.", key=("free_reward", "reasons retried"))
     if often(paid, matter):
         findings.add("free_reward", f"a refusal that names every reason at once (the other seeds' declining "
-                     f"texts in one reply) earns the full score on {len(paid)} of {matter} seeds where one of "
-                     f"them alone scores lower (e.g. seed {paid[0]}): credit a refusal only for the reason "
-                     "that holds, or the agent learns to name them all.", key=("free_reward", "every reason"))
+                     f"texts in one reply, or their reasons in one short sentence) earns the full score "
+                     f"on {len(paid)} of {matter} seeds where one of them alone scores lower (e.g. seed {paid[0]}): "
+                     "credit a refusal only for the reason that holds, or the agent learns to name them all.",
+                     key=("free_reward", "every reason"))

@@ -84,7 +84,7 @@ MODULE_NAMES: dict[str, frozenset[str]] = {m: frozenset(n.split()) for m, n in {
               "Protocol cast overload NoReturn Annotated DefaultDict Counter Deque TYPE_CHECKING "
               "Type Self Never NotRequired Required TypeAlias",
     "enum": "Enum IntEnum StrEnum Flag IntFlag auto unique",
-    "functools": "reduce partial lru_cache cache cached_property total_ordering wraps cmp_to_key",
+    "functools": "reduce partial cached_property total_ordering wraps cmp_to_key",
     "statistics": "mean fmean median median_low median_high median_grouped mode multimode stdev "
                   "pstdev variance pvariance geometric_mean harmonic_mean quantiles StatisticsError",
     "decimal": "Decimal Context localcontext InvalidOperation DivisionByZero "
@@ -505,7 +505,17 @@ def _reported(mod: str, name: str) -> bool:
             or mod == "random" and name in C.RANDOM_GLOBAL_FUNCTIONS)
 
 
+#: functools' process-wide caches (a fourth red team kept state in an lru_cache's entries, a dict
+#: it handed out and changed, and leaked memory through an unbounded memo of every text)
+_PROCESS_CACHES = frozenset({"functools.lru_cache", "functools.cache"})
+
+
 def _not_listed(mod: str, name: str) -> str:
+    if f"{mod}.{name}" in _PROCESS_CACHES:
+        return (f"{mod}.{name} keeps what it returns for the whole process: its entries are state no "
+                "episode owns and the gate cannot read (a dict it hands out can be changed and counted "
+                "across episodes), and it grows with every new argument (training never repeats a "
+                "seed); build an episode's data in reset, on self, or keep a table built once at import")
     names = MODULE_NAMES.get(mod)
     allowed = ", ".join(sorted(names)) if names else "nothing (it is not an allowed module)"
     return (f"{mod}.{name} is not among the names env.py may use from {mod} (what a module lets "
@@ -704,18 +714,39 @@ def _ambiguous(pattern: str) -> bool:
     return False
 
 
-def _pattern_texts(m: _Module, node: ast.AST) -> list[str]:
-    """The string a pattern argument is: a literal, or a name bound (at module or class level)
-    to literals only."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-    out = []
-    for a in m.nodes[ast.Assign]:
-        if any(isinstance(t, ast.Name) and t.id == name for t in a.targets) \
-                and isinstance(a.value, ast.Constant) and isinstance(a.value.value, str):
-            out.append(a.value.value)
-    return out
+def _pattern_texts(m: _Module, node: ast.AST, depth: int = 0) -> list[str]:
+    """The strings a pattern argument can be, as far as the file says without running it: a
+    literal; a name bound (anywhere in the file) to such an expression; pieces joined by ``+``,
+    an f-string or ``"sep".join([...])`` (a red team built a backtracking pattern from named
+    pieces with ``+``). Pieces not known are left out (the rest is still checked); at most 64."""
+    if depth > 8:
+        return []
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = node.id if isinstance(node, ast.Name) else node.attr
+        return [t for a in m.nodes[ast.Assign] if any(isinstance(x, (ast.Name, ast.Attribute)) and
+                                                     (x.id if isinstance(x, ast.Name) else x.attr) == name
+                                                     for x in a.targets)
+                for t in _pattern_texts(m, a.value, depth + 1)][:64]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _pattern_texts(m, node.left, depth + 1), _pattern_texts(m, node.right, depth + 1)
+        return [a + b for a in left or [""] for b in right or [""]][:64] if left or right else []
+    if isinstance(node, ast.JoinedStr):
+        out = [""]
+        for v in node.values:
+            part = _pattern_texts(m, v.value if isinstance(v, ast.FormattedValue) else v, depth + 1) or [""]
+            out = [a + b for a in out for b in part][:64]
+        return out
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+            and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str)
+            and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple))):
+        out = [""]
+        for i, e in enumerate(node.args[0].elts):
+            part = [(node.func.value.value if i else "") + t for t in _pattern_texts(m, e, depth + 1) or [""]]
+            out = [a + b for a in out for b in part][:64]
+        return out
+    return []
 
 
 def check_regexes(m: _Module):

@@ -489,7 +489,8 @@ class Env:
         if claims:
             if claims == [self._sc["blocker"]]:
                 return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
-            reply = "That doesn't match what I was told. Could you check my records again?"
+            # a wrong reason ends it: a guess retried turn after turn must not earn a right refusal
+            return "That doesn't match what I was told. I'll ask someone else. Bye.", "wrong"
         elif re.search(CONFIRM, text) and self._details_ok(text):
             if not self._confirmed:
                 self._confirmed = True
