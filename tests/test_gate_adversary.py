@@ -679,6 +679,8 @@ def test_a_reason_is_cut_to_the_words_that_still_earn_the_score():
     ("import re\nW = r'[a-z]+'\ndef ok(s):\n    return re.match(rf'({W}\\s?)+$', s)", True),
     ("import re\nW = r'[a-z]+'\ndef ok(s):\n    return re.match(''.join(['(', W, ' ?)+$']), s)", True),
     ("import re\nW = r'\\d+,'\ndef ok(s):\n    return re.match('(' + W + ')*$', s)", False),
+    # a piece the file does not show (a word escaped at run time) is required, not empty
+    ("import re\ndef ok(w, s):\n    return re.search(rf'(?:{re.escape(w)}\\s*)+', s)", False),
 ])
 def test_cache_statistics_and_named_backtracking_patterns_are_static_findings(code, flagged):
     found = [f for f in audit_static(code).findings if f.check in ("bounded", "static.dunder")]

@@ -187,7 +187,7 @@ class Host:
                 value = getattr(self.sandbox, op)(inst, *args)
             took = time.monotonic() - t0
             self.timings.append(took)
-            if took > self.settings.slow_call_s and op != "resets":
+            if took > self.settings.slow_call_s and op not in ("resets", "state"):
                 self.slow.append(f"{where} took {took:.2f} s")
                 if len(self.slow) == 3:  # one slow call can be a busy machine; three are the env
                     self.findings.add("bounded", f"{'; '.join(self.slow)} (allowed: {self.settings.slow_call_s:g} s "
@@ -638,15 +638,18 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
     after = _state(host) if before is not None else None
     if after is None or after[1] is not before[1]:  # no runner op, or another process since
         return True
-    large = sorted(k for k, v in after[0].items() if v == "too large")
+    # an instance too large to digest (a retail-sized database on self) is not judged
+    large = sorted(k for k, v in after[0].items() if v == "too large" and k != "self")
     if large:
         findings.add("isolation", f"module-level state too large or too deep to check: {', '.join(large[:6])} "
                      "(over a million values, or nested over 400 levels). Keep module and class "
                      "attributes small constants; build an episode's data in reset.",
                      key=("isolation", "module state size"))
     changed = sorted(k for k in set(before[0]) | set(after[0])
-                     if before[0].get(k) != after[0].get(k) and k not in large)
-    if "self" in changed:
+                     if before[0].get(k) != after[0].get(k) and k not in large
+                     and not (k == "self" and "too large" in (before[0].get(k), after[0].get(k))))
+    instance = "self" in changed
+    if instance:
         changed.remove("self")
         findings.add("isolation", "an instance reset to the same seed holds other state after more episodes "
                      "(after hundreds of them, then more): reset keeps something from the episodes before "
@@ -660,7 +663,7 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
                      "can depend on the ones before it, past any count an audit reaches. Keep an "
                      "episode's state on self, built in reset; module and class attributes constant.",
                      key=("isolation", "module state"))
-    return not changed and not large and before[0].get("self") == after[0].get("self")
+    return not changed and not large and not instance
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
@@ -796,8 +799,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             if ep.ok and ep.score >= e.score - 1e-6:
                 paid.append((e.seed, len(text)))
                 break
-        if len(reads) < first:  # it says something first: its question, the user's yes, then a reply
-            said += 1
+        if len(reads) < first and not probes._as_good(e, host.episode(
+                "a", e.seed, scripted(e.actions[:first]), "its texts, no write")):
+            said += 1  # it says something first (its question, the user's yes), and the write matters
             done = " ".join(f"{v} is now done and resolved." for v in dict.fromkeys(
                 probes._call_values(e.actions[:first + 1]).values()))
             for text in [f"All set. {done}", *draws.sized[::3]]:
@@ -920,7 +924,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          "other values do: the env lets that value through where it is wrong (a "
                          "comparison such as >= where == is meant?).", key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
-    probes.argument_probes(host, solved, by_name, draws, settings, findings)
+    probes.argument_probes(host, solved, by_name, kinds, draws, settings, findings)
     # every tool, twice, where the reference acts, on the records it sent (a bonus per call)
     probes.grounded_calls(host, solved, by_name, kinds, draws, findings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)

@@ -174,13 +174,14 @@ def _variants(value: str, rng: random.Random) -> list[str]:
     return [v for v in dict.fromkeys(out) if v != value]
 
 
-def argument_probes(host, solved: list, by_name: dict, draws, settings, findings) -> None:
+def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, settings, findings) -> None:
     """For each tool the reference calls (episodes chosen so that each appears, from all solved
     seeds): its string arguments in case/whitespace variants, each argument nested deeply, and
     each argument at an extreme value. The env must answer each promptly with an observation.
-    An integer value of its range that earns the full score in place of the reference's is sent
-    on up to 4 more seeds that asked for another: one value paid whatever was asked (3 seeds, a
-    quarter) is a ``partial_credit`` finding ("a full term is always fine")."""
+    For a tool that is not a read, an integer the user asked for (its value in the opening) that
+    a value of its range replaces at the full score is sent so on up to 4 more seeds that asked
+    for another: one value paid whatever was asked (3 seeds, a quarter) is a ``partial_credit``
+    finding ("a full term is always fine")."""
     from envforge.gate.dynamic import _SKIP, _extreme, _json_args, _properties, _with_call
 
     rng = random.Random(draws.rng.randrange(2**63))
@@ -210,9 +211,12 @@ def argument_probes(host, solved: list, by_name: dict, draws, settings, findings
                 if new is not _SKIP:
                     run({**args, key: new}, f"extreme {name}.{key}")
                 values = _in_range(value, props.get(key), rng) if k == 0 else []
-                passed = [v for v in values if _as_good(e, run({**args, key: v}, f"{name}.{key}={v}"))]
-                # where the value matters (others score lower), one paid here: on other seeds too?
-                for v in passed[:3] if len(passed) < len(values) else []:
+                scored = [_as_good(e, run({**args, key: v}, f"{name}.{key}={v}")) for v in values]
+                passed = [v for v, ok in zip(values, scored) if ok]
+                asked = (values and kinds.get(name) != "read" and e.trace
+                         and re.search(rf"(?<!\d){value}(?!\d)", _opening_text(e.trace[0][0])))
+                # the user asked for it and it matters (others score lower): one paid here, elsewhere too?
+                for v in passed[:3] if asked and len(passed) < len(values) else []:
                     paid, tried = [e.seed], 1
                     for e2 in solved:
                         at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
@@ -292,6 +296,19 @@ def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, tex
     return args
 
 
+def _sent_values(actions: list) -> dict[str, list]:
+    """Argument name -> the values the plan's calls sent under it, in order, each once."""
+    from envforge.gate.dynamic import _json_args
+
+    sent: dict[str, list] = {}
+    for a in actions:
+        for c in a.get("tool_calls") or []:
+            for k, v in (_json_args(c) or {}).items():
+                if v not in sent.setdefault(k, []):
+                    sent[k].append(v)
+    return sent
+
+
 def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findings) -> None:
     """Every tool called twice where the reference is about to act (after its reads), with the
     arguments the reference sent under the same names (the request's own record), then the rest
@@ -300,7 +317,8 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
     total above 1 (``Host.episode``'s bound). And on up to 6 seeds where it acts, each tool it
     does not call there instead of its act (after its reads and texts: the user's yes): a tool
     that earns the full score in its place (closing the ticket, a transfer) on 2 seeds and a
-    quarter stands in for the decision, a ``free_reward`` finding."""
+    quarter stands in for the decision, a ``free_reward`` finding (up to 10 tools that are not reads,
+    drawn; a seed where what comes before the act earns the full score alone is left out)."""
     from envforge.gate.dynamic import _call_name, _json_args, scripted
 
     rng = random.Random(draws.rng.randrange(2**63))
@@ -311,35 +329,30 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
     rest = [e for e in solved if e not in acting]
     stand_in: dict[str, list] = {}  # tool -> seeds where it earned the full score in the act's place
     pick = random.Random(f"stand-in {draws.probe_seed}")  # a stream of its own: the other draws stay
+    tried = 0
     for e in acting[:6]:
-        sent = {}
-        for a in e.actions:
-            for c in a.get("tool_calls") or []:
-                sent.update({k: [v] for k, v in (_json_args(c) or {}).items() if k not in sent})
+        sent = _sent_values(e.actions)
         used = {_call_name(c) for a in e.actions for c in a.get("tool_calls") or []}
         at = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
-        for t, name in enumerate(sorted(set(by_name) - used)):
+        if _as_good(e, host.episode("a", e.seed, scripted(e.actions[:at]), "up to the act")):
+            continue  # the act is optional here: nothing to stand in for
+        tried += 1
+        others = sorted(n for n in set(by_name) - used if kinds.get(n) != "read")
+        for t, name in enumerate(pick.sample(others, min(10, len(others)))):
             args = _grounded_args(name, by_name, sent, pick, texts)
-            if args is not None:
-                ep = host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(None, [tool_call(
-                    name, args, f"call_s{t}")])]), f"{name} instead of the act")
-                if ep.ok and ep.score >= e.score - 1e-6:
-                    stand_in.setdefault(name, []).append(e.seed)
+            if args is not None and _as_good(e, host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(
+                    None, [tool_call(name, args, f"call_s{t}")])]), f"{name} instead of the act")):
+                stand_in.setdefault(name, []).append(e.seed)
     for name, seeds in sorted(stand_in.items()):
-        if often(seeds, min(6, len(acting))):
+        if often(seeds, tried):
             findings.add("free_reward", f"{name}, called (on the request's own records) instead of what the "
-                         f"reference does, earns the full score on {len(seeds)} of {min(6, len(acting))} "
-                         f"seeds where the reference acts (e.g. seed {seeds[0]}): a tool the reference "
-                         "never uses there stands in for the decision; pay only the act the request needs.",
+                         f"reference does, earns the full score on {len(seeds)} of {tried} seeds where the "
+                         f"reference acts (e.g. seed {seeds[0]}): a tool the reference never uses there "
+                         "stands in for the decision; pay only the act the request needs.",
                          key=("free_reward", "stand-in", name))
             break
     for n_e, e in enumerate(acting[:3] + rest[:3]):  # seeds of both sides: where other records show
-        sent: dict[str, list] = {}
-        for a in e.actions:
-            for c in a.get("tool_calls") or []:
-                for k, v in (_json_args(c) or {}).items():
-                    if v not in sent.setdefault(k, []):
-                        sent[k].append(v)
+        sent = _sent_values(e.actions)
         at = next((i for i, a in enumerate(e.actions) if _acts([a], kinds)),  # else before its answer
                   max((i + 1 for i, a in enumerate(e.actions) if a.get("tool_calls")), default=0))
         for t, name in enumerate(sorted(by_name)):
@@ -581,12 +594,15 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
     return contrast
 
 
-def _opening_words(obs: Any) -> set[str]:
+def _opening_text(obs: Any) -> str:
     messages = obs.get("messages") if isinstance(obs, dict) else None
+    return " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict))
+
+
+def _opening_words(obs: Any) -> set[str]:
     # the system prompt too: one that differs between seeds can tell the decision as well as the
     # user's words (a red team's env wrote it there)
-    text = " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict))
-    return set(re.findall(r"[a-z]{3,}", text.lower()))
+    return set(re.findall(r"[a-z]{3,}", _opening_text(obs).lower()))
 
 
 def _cover(group: list[set], rest: list[set]) -> list[str] | None:
@@ -716,7 +732,8 @@ def _shortest(text: str, pays) -> str:
     """The shortest piece of ``text`` that still ``pays``: the shortest of its sentences and
     clauses that does, then as many words cut from either end as leave it paying (halving)."""
     pieces = {p.strip(" ,;:.!?") for p in re.split(r"(?<=[.!?])\s+", text) + re.split(r"(?<=[.!?;:,])\s+", text)}
-    text = next((p for p in sorted(pieces - {"", text.strip(" ,;:.!?")}, key=len)[:6] if pays(p)), text)
+    text = next((p for p in sorted(pieces - {"", text.strip(" ,;:.!?")}, key=lambda p: (len(p), p))[:6]
+                 if pays(p)), text)
     words = text.split()
     for end in (0, 1):  # the words before it, then after it
         lo, hi = 0, len(words) - 1
@@ -929,7 +946,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
             continue
         # a reward that pays only short replies: each seed's reason alone, all in one sentence
         brief = list(dict.fromkeys([reason(e.seed)] + [_as_if(reason(s), said[s][1], mine)
-                                                       for s in shapes.values() if s != e.seed]))
+                                                       for s in list(shapes.values())[:8] if s != e.seed]))
         rng.shuffle(brief)
         if len(brief) > 2 and _as_good(e, instead(e, ", or ".join(brief) + ".", "every reason, briefly")):
             paid.append(e.seed)

@@ -714,39 +714,59 @@ def _ambiguous(pattern: str) -> bool:
     return False
 
 
-def _pattern_texts(m: _Module, node: ast.AST, depth: int = 0) -> list[str]:
+#: what a piece of a pattern the file does not show stands for: a required character (a field
+#: filled at run time, ``re.escape(word)``), so that ``(?:{word}\s*)+`` is not read as ``(?:\s*)+``
+_UNKNOWN = "\x00"
+
+
+def _pattern_texts(m: _Module, node: ast.AST) -> list[str]:
     """The strings a pattern argument can be, as far as the file says without running it: a
     literal; a name bound (anywhere in the file) to such an expression; pieces joined by ``+``,
     an f-string or ``"sep".join([...])`` (a red team built a backtracking pattern from named
-    pieces with ``+``). Pieces not known are left out (the rest is still checked); at most 64."""
-    if depth > 8:
+    pieces with ``+``). A piece not known stands for a required character; at most 64 strings,
+    and a budget of 2,000 nodes looked at per pattern (a file of ``a = a + a`` lines doubles
+    the work at each line)."""
+    budget, memo = [2000], {}
+
+    def texts(node: ast.AST, depth: int) -> list[str]:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 8:
+            return [_UNKNOWN]
+        if id(node) in memo:
+            return memo[id(node)]
+        memo[id(node)] = [_UNKNOWN]  # a name bound to itself ends here
+        memo[id(node)] = out = look(node, depth)[:64] or [_UNKNOWN]
+        return out
+
+    def joined(parts: list[list[str]]) -> list[str]:
+        out = [""]
+        for part in parts:
+            out = [a + b for a in out for b in part][:64]
+        return out
+
+    def look(node: ast.AST, depth: int) -> list[str]:
+        if isinstance(node, ast.Constant):
+            return [node.value] if isinstance(node.value, str) else []
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            values = [a.value for a in m.nodes[ast.Assign] if any(
+                (x.id if isinstance(x, ast.Name) else x.attr) == name
+                for x in a.targets if isinstance(x, (ast.Name, ast.Attribute)))][:8]
+            return [t for v in values for t in texts(v, depth + 1)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return joined([texts(node.left, depth + 1), texts(node.right, depth + 1)])
+        if isinstance(node, ast.JoinedStr):
+            return joined([texts(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1)
+                           for v in node.values])
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+                and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str)
+                and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple))):
+            sep = node.func.value.value
+            return joined([[(sep if i else "") + t for t in texts(e, depth + 1)]
+                           for i, e in enumerate(node.args[0].elts)])
         return []
-    if isinstance(node, ast.Constant):
-        return [node.value] if isinstance(node.value, str) else []
-    if isinstance(node, (ast.Name, ast.Attribute)):
-        name = node.id if isinstance(node, ast.Name) else node.attr
-        return [t for a in m.nodes[ast.Assign] if any(isinstance(x, (ast.Name, ast.Attribute)) and
-                                                     (x.id if isinstance(x, ast.Name) else x.attr) == name
-                                                     for x in a.targets)
-                for t in _pattern_texts(m, a.value, depth + 1)][:64]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _pattern_texts(m, node.left, depth + 1), _pattern_texts(m, node.right, depth + 1)
-        return [a + b for a in left or [""] for b in right or [""]][:64] if left or right else []
-    if isinstance(node, ast.JoinedStr):
-        out = [""]
-        for v in node.values:
-            part = _pattern_texts(m, v.value if isinstance(v, ast.FormattedValue) else v, depth + 1) or [""]
-            out = [a + b for a in out for b in part][:64]
-        return out
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
-            and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str)
-            and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple))):
-        out = [""]
-        for i, e in enumerate(node.args[0].elts):
-            part = [(node.func.value.value if i else "") + t for t in _pattern_texts(m, e, depth + 1) or [""]]
-            out = [a + b for a in out for b in part][:64]
-        return out
-    return []
+
+    return [t for t in texts(node, 0) if t != _UNKNOWN]
 
 
 def check_regexes(m: _Module):

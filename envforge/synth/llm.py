@@ -96,7 +96,9 @@ The gate also checks: observations, infos and actions are plain JSON (dicts with
 str, numbers, bool, None) and round-trip through json; the same seed and actions give identical
 results in one instance, in two instances and in two processes with different PYTHONHASHSEED (so no
 set iteration order, no hash() or id() in outputs); instances share no mutable state (copy
-module-level data per reset; keep episode state on self); every call returns in a few seconds.
+module-level data per reset; keep episode state on self, all of it rebuilt by reset: an instance
+reset to a seed holds the same state whatever it played before); no functools.lru_cache or
+functools.cache (process-wide); every call returns in a few seconds.
 """
 
 REWARD_RULES = """## Reward design (what makes GRPO learn, and what the gate measures)
@@ -113,6 +115,11 @@ REWARD_RULES = """## Reward design (what makes GRPO learn, and what the gate mea
   score.
 - No free reward: an agent that only chats, or calls tools at random with schema-valid arguments,
   must average at most 0.3 (aim for 0.0-0.1). Reward the task, never the ending of the episode.
+- Credit only what the capability asks for: a refusal only for the reason that holds and no other
+  (one naming every reason must not pay), a wrong reason ends the episode or lowers the score (a
+  guess retried turn after turn must not pay), only the write itself earns what the write does
+  (not a text saying it is done, not another tool such as a transfer), each argument exactly as
+  asked (no value that always passes), and no bonus per repeated question or call.
 - solve(seed) must score exactly 1.0 on (almost) every seed (at least 95%).
 - A simulated user (scripted, deterministic) that answers assistant text: confirms, declines,
   gives requested details, leaves after a few idle turns.
