@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,3 +30,75 @@ TARGETS = SHARED / "targets"
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent (real targets, "
                                   "trajectories and fixture envs live there; tests that need them skip)")
+
+
+# ---- `envforge demo --quick` in the background (tests/test_demo.py)
+#
+# The demo is one run of about ten minutes that keeps the two cores of a small machine busy in
+# bursts, while the rest of the suite leaves one core idle on the mean. So when test_demo.py is
+# collected, its run starts as soon as collection ends, at a lower CPU priority (nice 10: the
+# other tests, some of them timed, keep their share), and its tests run last, waiting for it.
+# The numbers do not change: the demo's seed and threads are fixed, only its wall time moves.
+
+DEMO_NICE = 10
+DEMO_TIMEOUT_S = 2400
+_demo: dict = {}
+
+
+def _demo_command(out: Path) -> list[str]:
+    return [sys.executable, "-m", "envforge", "demo", "--quick", "--seed", "0", "--threads", "1",
+            "--out", str(out)]
+
+
+def _start_demo() -> None:
+    work = Path(tempfile.mkdtemp(prefix="envforge-test-demo-"))
+    out, log_out, log_err = work / "out", open(work / "stdout", "w"), open(work / "stderr", "w")
+    nice = ["nice", "-n", str(DEMO_NICE)] if shutil.which("nice") else []
+    proc = subprocess.Popen(nice + _demo_command(out), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=log_out, stderr=log_err, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    log_out.close(), log_err.close()
+    _demo.update(proc=proc, work=work, out=out, started=time.monotonic())
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(session, config, items):
+    demo = [i for i in items if "demo_run" in getattr(i, "fixturenames", ())]
+    if not demo or config.option.collectonly:
+        return
+    items[:] = [i for i in items if i not in demo] + demo
+    _start_demo()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc = _demo.get("proc")
+    if proc is None:
+        return
+    if proc.poll() is None:  # the session ended first (-x, Ctrl-C): stop the run and its jobs
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if exitstatus == 0:
+        shutil.rmtree(_demo["work"], ignore_errors=True)
+    else:
+        print(f"\nthe background demo's output is kept in {_demo['work']}")
+
+
+@pytest.fixture(scope="session")
+def quick_demo():
+    """The background `envforge demo --quick` run, once it has ended: (its --out folder, an
+    object with returncode, stdout and stderr). Started by the collection hook above."""
+    if "proc" not in _demo:  # collected another way (a plugin reordering items): start it now
+        _start_demo()
+    proc, work = _demo["proc"], _demo["work"]
+    try:
+        proc.wait(timeout=max(1.0, DEMO_TIMEOUT_S - (time.monotonic() - _demo["started"])))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"envforge demo --quick did not end within {DEMO_TIMEOUT_S} s (output in {work})")
+    result = SimpleNamespace(returncode=proc.returncode, stdout=(work / "stdout").read_text(),
+                             stderr=(work / "stderr").read_text())
+    return _demo["out"], result

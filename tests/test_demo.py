@@ -3,15 +3,11 @@ opened in a real headless Chromium."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 pytest.importorskip("torch")
@@ -19,12 +15,10 @@ pytest.importorskip("peft")
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "out"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "envforge", "demo", "--quick", "--seed", "0",
-                           "--threads", "1", "--out", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
+def demo_run(quick_demo):
+    """The run, started in the background when this module was collected (tests/conftest.py):
+    these tests run last, and the rest of the suite runs beside it."""
+    out, proc = quick_demo
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc
 
