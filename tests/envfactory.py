@@ -189,11 +189,14 @@ def variants() -> list[Variant]:
     ]
 
 
-def write_env(folder: Path, source: str | bytes, target: str | None = "example") -> Path:
-    """An env folder holding ``source`` as env.py (and a manifest naming ``target``)."""
+def write_env(folder: Path, source: str | bytes, target: str | None = "example",
+              capability: str | None = None) -> Path:
+    """An env folder holding ``source`` as env.py (and a manifest naming ``target``, and the
+    capability the env was made for where given)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = source.encode() if isinstance(source, str) else source
     (folder / "env.py").write_bytes(data)
     if target is not None:
-        (folder / "manifest.json").write_text(json.dumps({"capability": "test", "target": target}))
+        made_for = {} if capability is None else {"capability": capability}
+        (folder / "manifest.json").write_text(json.dumps({**made_for, "target": target}))
     return folder

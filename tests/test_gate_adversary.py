@@ -274,6 +274,51 @@ def test_reads_that_decide_nothing_are_rejected(tmp_path, name):
     assert_rejected(tmp_path, name, *READS[name])
 
 
+def test_the_gate_goes_by_the_capability_the_env_was_made_for(tmp_path):
+    """env.py's CAPABILITY is worded by the code's author, and a capability about reading is what
+    switches the reading probes on: renamed, "the decision in the opening" would not run. Where
+    manifest.json (synth's) says what the env was made for, the gate goes by that, and a
+    CAPABILITY that says otherwise is itself an error."""
+    flawed = READS["refusal_shown_by_greeting"][0]
+    renamed = flawed.replace('CAPABILITY = "precondition verification"', 'CAPABILITY = "handling requests safely"')
+    assert renamed != flawed
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=15)
+    report = audit(write_env(tmp_path / "renamed", renamed, capability="precondition verification"),
+                   settings=settings, write_report=False)
+    found = [f.to_dict() for f in report.findings if f.severity == "error"]
+    assert report.verdict == "reject"
+    assert any(f["check"] == "contract.shape" and "made for 'precondition verification'" in f["message"]
+               for f in found), found
+    assert any(f["check"] == "free_reward" and "opening message" in f["message"] for f in found), found
+    # the same name in other case and spacing is the same name
+    same = audit(write_env(tmp_path / "same", flawed, capability=" Precondition  Verification"),
+                 static_only=True, write_report=False)
+    assert not [f for f in same.findings if f.check == "contract.shape"], same.findings
+
+
+RARE_WRITE_UNCHECKED = override("""
+    def _write_outcome(self, name, args):
+        sc = self._sc
+        if (sc["kind"] == "loan" and sc["blocker"] is None and name == "extend_laptop_loan"
+                and args.get("loan_id") == sc.get("loan_id")):
+            return "right" if self._confirmed else "right_unconfirmed"
+        return _Base._write_outcome(self, name, args)
+""")
+
+
+@pytest.mark.parametrize("probe_seed", [2002, 2014])
+def test_an_argument_a_rare_write_never_checks_is_found(tmp_path, probe_seed):
+    """One request kind of three, unblocked half the time, ignores one argument ('days'): its
+    write is on an eighth of the seeds, so 16 solved seeds held it once or never in 7 of 16
+    audits, and those accepted the env (these two probe seeds among them). The gate now draws 20
+    seeds more, and more while a write's argument has been changed on one seed only."""
+    report = audit(write_env(tmp_path / "rare", RARE_WRITE_UNCHECKED),
+                   settings=GateSettings(**SETTINGS, probe_seed=probe_seed), write_report=False)
+    found = [f.message for f in report.findings if f.severity == "error"]
+    assert report.verdict == "reject"
+    assert any("'days' of the write extend_laptop_loan" in m and "never lowers" in m for m in found), found
+
+
 def test_the_clean_env_passes_the_read_probes(tmp_path):
     from tests.envfactory import good_source
 

@@ -205,8 +205,9 @@ def test_a_batch_resumes(server, tmp_path, good):
     results = synthesize_batch(specs, "example", config(tmp_path, concurrency=1),
                                client=client_for(server, tmp_path))
     assert [r.verdict for r in results] == ["accept", "error"]
-    server.reset_log()
-    server.reply(fenced(good))
+    server.reset_log()  # the second is asked for anew: its env names its own capability
+    server.reply(fenced(good.replace('CAPABILITY = "precondition verification"',
+                                     'CAPABILITY = "confirmation before write"')))
     results = synthesize_batch(specs, "example", config(tmp_path, concurrency=2),
                                client=client_for(server, tmp_path))
     assert [r.verdict for r in results] == ["accept", "accept"] and results[0].skipped

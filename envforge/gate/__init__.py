@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envforge.contract import CHECKS, Report, warning
+from envforge.contract import CHECKS, Report, error, warning
 from envforge.errors import EnvforgeError, InputError, UsageError
 from envforge.gate.config import GateSettings
 from envforge.gate.dynamic import run_dynamic
@@ -98,6 +98,7 @@ class AuditJob:
     raw: bytes
     target: Target | None
     why: str | None  # why no target could be used (None when one is)
+    capability: str | None = None  # what the env was made for (manifest.json), if known
 
 
 def read_env(path: str | Path, target: str | Path | Target | None = None) -> AuditJob:
@@ -108,7 +109,13 @@ def read_env(path: str | Path, target: str | Path | Target | None = None) -> Aud
     except OSError as e:
         raise InputError(f"{env_file}: cannot read ({e.strerror})") from None
     tgt, why = target_for(env_file, target)
-    return AuditJob(str(path), env_file.name, raw, tgt, why)
+    made_for = _manifest(env_file.parent).get("capability")
+    return AuditJob(str(path), env_file.name, raw, tgt, why,
+                    made_for if isinstance(made_for, str) and made_for.strip() else None)
+
+
+def _same_name(a: str, b: str) -> bool:
+    return " ".join(a.casefold().replace("_", " ").split()) == " ".join(b.casefold().replace("_", " ").split())
 
 
 def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
@@ -125,6 +132,14 @@ def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
     report.findings += static.findings
     report.stages["static"] = time.perf_counter() - t0
     parsable = not any(f.check in UNPARSABLE for f in static.findings)
+    # the probes about reading and deciding run for capabilities named so: the name they go by is
+    # the one the env was made for (manifest.json, written by synth), not the one env.py declares,
+    # which the code's author chooses and could word to switch them off
+    declared = static.shape["capability"]
+    if job.capability and declared and not _same_name(job.capability, declared):
+        report.findings.append(error("contract.shape", f"CAPABILITY is {declared!r}, but this env "
+                                     f"was made for {job.capability!r} (manifest.json): set "
+                                     f"CAPABILITY = {json.dumps(job.capability)}"))
 
     t0 = time.perf_counter()
     tools = static.shape["tools"]
@@ -140,7 +155,8 @@ def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
 
     if parsable and not static_only:
         t0 = time.perf_counter()
-        findings, stats = run_dynamic(static.text, get_backend(backend), settings, progress=say)
+        findings, stats = run_dynamic(static.text, get_backend(backend), settings, progress=say,
+                                      capability=job.capability)
         dyn_tools = stats.pop("tools", None)
         if tgt is not None and tools is None and dyn_tools is not None:
             report.findings += check_schema(dyn_tools, tgt)  # Env.tools was not a literal

@@ -406,9 +406,11 @@ def _mutate(value: Any) -> Any:
 # --------------------------------------------------------------------------- the stage
 
 def run_dynamic(source: str, backend, settings: GateSettings | None = None,
-                progress: Callable[[str], None] | None = None) -> tuple[list[Finding], dict]:
+                progress: Callable[[str], None] | None = None,
+                capability: str | None = None) -> tuple[list[Finding], dict]:
     """Run every dynamic check on ``source``; returns (findings, stats). Never raises (but for
-    Ctrl-C): whatever the env does, the result is findings."""
+    Ctrl-C): whatever the env does, the result is findings. ``capability``, where known, is what
+    the env was made for: the probes judge by it in place of the CAPABILITY env.py declares."""
     settings = settings or GateSettings()
     findings = Findings()
     probe_seed = settings.probe_seed
@@ -432,6 +434,8 @@ def run_dynamic(source: str, backend, settings: GateSettings | None = None,
         except SandboxError as e:
             findings.add("bounded", f"loading env.py: {e}")
             return findings.result(), stats
+        if capability:
+            meta["capability"] = capability
         stats["sandbox"] = meta.get("sandbox")
         stats["tools"] = meta.get("tools")
         if not isinstance(meta.get("max_turns"), int) or not 1 <= meta["max_turns"] <= MAX_TURNS_LIMIT:
@@ -628,8 +632,8 @@ def _state(host: Host) -> tuple | None:
     return value
 
 
-def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
-    """Whether the env's module-level state (globals, class attributes, functions' defaults and
+def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
+    """A finding unless the env's module-level state (globals, class attributes, functions' defaults and
     closures) is what it was before the capability probes, the many resets and the replays, in
     the same sandbox process: state that changes with episodes is shared by every instance in
     the process (a counter of steps, a cache of users checked, a flag), and training runs
@@ -637,7 +641,7 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
     done before the first look (after hundreds of episodes of every kind)."""
     after = _state(host) if before is not None else None
     if after is None or after[1] is not before[1]:  # no runner op, or another process since
-        return True
+        return
     # an instance too large to digest (a retail-sized database on self) is not judged
     large = sorted(k for k, v in after[0].items() if v == "too large" and k != "self")
     if large:
@@ -663,7 +667,6 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> bool:
                      "can depend on the ones before it, past any count an audit reaches. Keep an "
                      "episode's state on self, built in reset; module and class attributes constant.",
                      key=("isolation", "module state"))
-    return not changed and not large and not instance
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
@@ -796,10 +799,10 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         instead += 1
         for text in draws.sized:
             ep = host.episode("a", e.seed, scripted(reads + [assistant(text)]), "reads, then a reply")
-            if ep.ok and ep.score >= e.score - 1e-6:
+            if probes.as_good(e, ep):
                 paid.append((e.seed, len(text)))
                 break
-        if len(reads) < first and not probes._as_good(e, host.episode(
+        if len(reads) < first and not probes.as_good(e, host.episode(
                 "a", e.seed, scripted(e.actions[:first]), "its texts, no write")):
             said += 1  # it says something first (its question, the user's yes), and the write matters
             done = " ".join(f"{v} is now done and resolved." for v in dict.fromkeys(
@@ -807,7 +810,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             for text in [f"All set. {done}", *draws.sized[::3]]:
                 ep = host.episode("a", e.seed, scripted(e.actions[:first] + [assistant(text)]),
                                   "its texts, then a reply")
-                if ep.ok and ep.score >= e.score - 1e-6:
+                if probes.as_good(e, ep):
                     claimed.append((e.seed, text[:60]))
                     break
         # its texts said three times each (a bonus per question asked: totals above 1)
@@ -836,17 +839,23 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         r = each.get(k)
         return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 8)
 
+    def once(k) -> bool:  # a write's argument not yet changed on 2 seeds, the score not lowered
+        r = tried.get(k)
+        return r is None or (not r[0] and r[1] < 2)
+
     def vary(e, i, j, name, args, key, schema, cid, extra=False):
         new = _other_value(args[key], schema)
         extras = [(label, v) for label, v in _more_values(args[key], schema, new)
                   if undecided((name, key, label))]
         rec = tried.get((name, key), [False, 0])
-        counted = not extra and not rec[0] and rec[1] < 3  # the first change's own tries, as before
+        # the first change's own tries: on every solved seed, and on drawn ones for an argument
+        # of a write the reference made on fewer than 2 seeds (else "never checks it" is luck)
+        counted = (not extra or once((name, key))) and not rec[0] and rec[1] < 3
         here = False  # the first change lowered the score on this seed
         def changed(value) -> tuple[ProbeEpisode, bool]:  # the episode, and whether it scored lower
             ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))),
                               f"changed {name}.{key}")
-            return ep, not ep.ok or ep.score < e.score - 1e-6
+            return ep, not probes.as_good(e, ep)
         if new is not _SKIP and (counted or extras):
             ep, here = changed(new)
             if counted:
@@ -872,13 +881,16 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                     continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
-                    if not extra or any(k[:2] == (name, key) and undecided(k) for k in each):
+                    if not extra or once((name, key)) or any(k[:2] == (name, key) and undecided(k) for k in each):
                         vary(e, i, j, name, args, key, props.get(key), call.get("id", "call_0"), extra)
 
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
         vary_calls(e)
-    for _ in range(60):  # a change not yet judged (2 seeds, one beside a lowering change): more seeds
-        if not any(undecided(k) for k in each):
+    # more seeds: 20 at least, for writes the reference makes on a few seeds only (one request
+    # kind of several, unblocked: an eighth of them), then while a change is not yet judged (2
+    # seeds, one beside a lowering change) or a write's argument was tried on one seed only
+    for n in range(60):
+        if n >= 20 and not any(undecided(k) for k in each) and not any(once(k) for k in tried):
             break
         e = _drawn_solved(host, draws.rng)
         if e is not None:
@@ -895,7 +907,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             if plan is not None:
                 ep = host.episode("a", e.seed, scripted(plan), "reads removed")
                 kept += 1
-                lowered |= not ep.ok or ep.score < e.score - 1e-6
+                lowered |= not probes.as_good(e, ep)
         if kept >= 2 and not lowered:
             findings.add("free_reward", f"the reference with its reads removed still earns the full score "
                          f"({kept} seeds): a capability about {gathering.string!r} must need the "
@@ -933,7 +945,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                  and all(kinds.get(c["function"]["name"]) == "read" for c in a["tool_calls"])]
         cycle = reads or [assistant(t) for t in draws.texts[:4]]
         stalled = host.episode("a", e.seed, lambda t, m, c=cycle: c[t % len(c)], "to max_turns")
-        if stalled.ok and reads and stalled.score >= e.score - 1e-6:
+        if reads and probes.as_good(e, stalled):
             findings.add("free_reward", f"repeating the reference's reads until max_turns, never acting, "
                          f"earns the reference's full score (seed {e.seed}): an episode that ends "
                          "undecided must score below one that decides.", key=("free_reward", "stall"))

@@ -211,7 +211,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                 if new is not _SKIP:
                     run({**args, key: new}, f"extreme {name}.{key}")
                 values = _in_range(value, props.get(key), rng) if k == 0 else []
-                scored = [_as_good(e, run({**args, key: v}, f"{name}.{key}={v}")) for v in values]
+                scored = [as_good(e, run({**args, key: v}, f"{name}.{key}={v}")) for v in values]
                 passed = [v for v, ok in zip(values, scored) if ok]
                 asked = (values and kinds.get(name) != "read" and e.trace
                          and re.search(rf"(?<!\d){value}(?!\d)", _opening_text(e.trace[0][0])))
@@ -226,7 +226,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                             continue
                         a2 = _json_args(at[2]) or {}
                         tried += 1
-                        if _as_good(e2, run({**a2, key: v}, f"{name}.{key}={v} elsewhere", e2, at[0], at[1],
+                        if as_good(e2, run({**a2, key: v}, f"{name}.{key}={v} elsewhere", e2, at[0], at[1],
                                          at[2].get("id", "call_0"))):
                             paid.append(e2.seed)
                         if tried >= 5:
@@ -246,7 +246,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                 run(text, f"nested {name}.{key} ({depth} levels)")
 
 
-def _as_good(e, ep) -> bool:
+def as_good(e, ep) -> bool:
     """Whether ``ep`` earned the reference's score on its seed (``e``)."""
     return ep.ok and ep.score >= e.score - 1e-6
 
@@ -319,7 +319,7 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
     that earns the full score in its place (closing the ticket, a transfer) on 2 seeds and a
     quarter stands in for the decision, a ``free_reward`` finding (up to 10 tools that are not reads,
     drawn; a seed where what comes before the act earns the full score alone is left out)."""
-    from envforge.gate.dynamic import _call_name, _json_args, scripted
+    from envforge.gate.dynamic import _call_name, scripted
 
     rng = random.Random(draws.rng.randrange(2**63))
     texts = [t for t in draws.texts if len(t) <= 120] or ["ok"]
@@ -334,13 +334,13 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
         sent = _sent_values(e.actions)
         used = {_call_name(c) for a in e.actions for c in a.get("tool_calls") or []}
         at = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
-        if _as_good(e, host.episode("a", e.seed, scripted(e.actions[:at]), "up to the act")):
+        if as_good(e, host.episode("a", e.seed, scripted(e.actions[:at]), "up to the act")):
             continue  # the act is optional here: nothing to stand in for
         tried += 1
         others = sorted(n for n in set(by_name) - used if kinds.get(n) != "read")
         for t, name in enumerate(pick.sample(others, min(10, len(others)))):
             args = _grounded_args(name, by_name, sent, pick, texts)
-            if args is not None and _as_good(e, host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(
+            if args is not None and as_good(e, host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(
                     None, [tool_call(name, args, f"call_s{t}")])]), f"{name} instead of the act")):
                 stand_in.setdefault(name, []).append(e.seed)
     for name, seeds in sorted(stand_in.items()):
@@ -543,10 +543,10 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
     asked = []  # seeds where a question to the user in place of the checks earned the full score
     for e in with_checks[:6] if judged else []:
         ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, checks)), "checks removed")
-        removed.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+        removed.append((e.seed, not as_good(e, ep)))
         if removed[-1][1]:  # they matter: asking the user what they would show must not do as well
             ep = host.episode("a", e.seed, _scripted(_asked_instead(e, checks)), "the user asked instead")
-            if ep.ok and ep.score >= e.score - 1e-6:
+            if as_good(e, ep):
                 asked.append(e.seed)
     if often(asked, sum(low for _, low in removed)):
         findings.add("free_reward", f"the reference with its checks ({', '.join(checks)}) replaced by a question "
@@ -564,7 +564,7 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
                 continue
             tries[name] = tries.get(name, 0) + 1
             ep = host.episode("a", e.seed, _scripted(without_calls(e.actions, [name])), f"{name} removed")
-            if ep.ok and ep.score >= e.score - 1e-6:
+            if as_good(e, ep):
                 continue  # not credited: the all-checks probe above judges it
             plan = e.actions
             avoid = {v for a in e.actions for c in a.get("tool_calls") or [] if c["function"]["name"] == name
@@ -578,7 +578,7 @@ def checking_reads(host, solved: list, kinds: dict, about_reading: bool, finding
                             plan = _with_call(plan, i, j, tool_call(name, new, call.get("id", "call_0")))
             if plan is not e.actions:
                 ep = host.episode("a", e.seed, _scripted(plan), f"{name} of another record")
-                runs.append((e.seed, not ep.ok or ep.score < e.score - 1e-6))
+                runs.append((e.seed, not as_good(e, ep)))
                 if ep.ok and ep.score < e.score - 1e-6:
                     contrast.append(ep)
     if removed and not any(low for _, low in removed):
@@ -684,7 +684,7 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
         twice = [b for a in calls for b in ([a, a] if _reads(a, kinds) and len(_reads(a, kinds)) == len(a["tool_calls"]) else [a])]
         if twice != calls:
             again = host.episode("a", e.seed, scripted(twice), "calls only, reads twice")
-            if again.ok and again.score >= e.score - 1e-6:
+            if as_good(e, again):
                 paid.append(e.seed)
     if often(paid, lowered):
         findings.add("free_reward", f"without the reference's texts the score falls, but with every read "
@@ -773,7 +773,7 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
         tried += 1
         for t in rng.sample(texts, min(2, len(texts))):
             ep = host.episode("a", e.seed, scripted(prefix + [assistant(t)]), "a refusal where it acts")
-            if ep.ok and ep.score >= e.score - 1e-6:
+            if as_good(e, ep):
                 paid.append(e.seed)
                 break
     if often(paid, tried):
@@ -845,7 +845,7 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
             ep = host.episode("a", e.seed, scripted(plan), "acting where it declines")
             # it counts only where the write was made (a user who says no to the question ends
             # the episode before it, which is the right end)
-            if ep.ok and ep.score >= e.score - 1e-6 and _acts(ep.actions, kinds):
+            if as_good(e, ep) and _acts(ep.actions, kinds):
                 paid.append(e.seed)
                 break
     if often(paid, tried):
@@ -907,7 +907,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     def reason(seed) -> str:
         if seed not in reasons:
             e = by_seed[seed]
-            reasons[seed] = _shortest(said[seed][0], lambda t: _as_good(e, instead(e, t, "its reason alone")))
+            reasons[seed] = _shortest(said[seed][0], lambda t: as_good(e, instead(e, t, "its reason alone")))
         return reasons[seed]
 
     # one seed for each text's shape (its records' ids made one seed's, its digits aside): a
@@ -926,7 +926,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
         if len(others) < 2:
             continue
         rng.shuffle(others)
-        wrong = [t for t in others[:8] if not _as_good(e, instead(e, t, "another seed's refusal"))]
+        wrong = [t for t in others[:8] if not as_good(e, instead(e, t, "another seed's refusal"))]
         if not wrong:
             continue
         matter += 1
@@ -936,10 +936,10 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
         # what it says to the answer; a refusal held after the user pushes back) the first can be
         # repaired by design (the user says which resolution was meant)
         if few and len(_decision_texts(e.actions)) == 1 and any(
-                _as_good(e, instead(e, t, "a wrong reason, then the right one", then=said[e.seed][0]))
+                as_good(e, instead(e, t, "a wrong reason, then the right one", then=said[e.seed][0]))
                 for t in wrong[:2]):
             retried.append(e.seed)
-        if _as_good(e, instead(e, " ".join(others), "every reason at once")):
+        if as_good(e, instead(e, " ".join(others), "every reason at once")):
             paid.append(e.seed)
             continue
         if not few:
@@ -948,7 +948,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
         brief = list(dict.fromkeys([reason(e.seed)] + [_as_if(reason(s), said[s][1], mine)
                                                        for s in list(shapes.values())[:8] if s != e.seed]))
         rng.shuffle(brief)
-        if len(brief) > 2 and _as_good(e, instead(e, ", or ".join(brief) + ".", "every reason, briefly")):
+        if len(brief) > 2 and as_good(e, instead(e, ", or ".join(brief) + ".", "every reason, briefly")):
             paid.append(e.seed)
     if often(retried, matter):
         findings.add("free_reward", f"a refusal naming a wrong reason, followed in the next turn by the "

@@ -161,8 +161,9 @@ def prompt_messages(capability: str, description: str, target: Target,
         parts.append("## The target's policy (what the agent is told there)\n\n" + policy)
     parts.append(contract_text())
     parts.append(REWARD_RULES)
-    parts.append(f"Write env.py for the capability {capability!r} on this target now: the complete "
-                 "file in one ```python block.")
+    parts.append(f"Write env.py for the capability {capability!r} (CAPABILITY = "
+                 f"{json.dumps(capability)}, as written) on this target now: the complete file in one "
+                 "```python block.")
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
