@@ -430,9 +430,9 @@ def workers(cfg: DemoConfig, n: int) -> int:
 
 def alone_threads(cfg: DemoConfig) -> int:
     """torch threads for the base agent's training, the one stage that runs alone: the cores the
-    parallel stages' jobs use together (``threads`` each). On this project's 2-core machine the
-    base agent made on 2 threads is bit for bit the one made on 1 (measured: every weight equal,
-    seed 0), 1.6x sooner; torch does not promise that on every CPU."""
+    parallel stages' jobs use together (``threads`` each): 1.6x sooner on 2 threads than on 1
+    here. torch does not promise the same sums on other thread counts: seed 0's base agent was
+    the same on 1 and 2 threads once here, and another on 2026-11-28 (docs/demo.md)."""
     return cfg.threads * workers(cfg, cores()) if cfg.device == "cpu" else cfg.threads
 
 
