@@ -32,10 +32,13 @@ def _no_traceback(p):
 
 def test_audit_good_env_json_exit_0(tmp_path):
     folder = write_env(tmp_path / "good", good_source())
-    p = run("audit", str(folder), "--json", *FAST)
+    # a pinned draw: at 8 seeds a drawn one can reject this env by chance words (employees' names
+    # covering the seeds where the reference declines, in "the decision in the opening": CI hit
+    # it once, 340 runs here under load did not)
+    p = run("audit", str(folder), "--json", *FAST, "--probe-seed", "0")
     data = json.loads(p.stdout)
     [r] = data["results"]
-    # on failure, say which findings rejected it (CI rejected it once; 340 runs here under load did not)
+    # on failure, say which findings rejected it
     assert p.returncode == 0, (p.stderr, [f for f in r["findings"] if f["severity"] != "info"])
     assert r["path"] == str(folder) and r["verdict"] == "accept"
     assert all(set(f) >= {"check", "severity", "message"} for f in r["findings"])
