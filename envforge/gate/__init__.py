@@ -114,8 +114,9 @@ def read_env(path: str | Path, target: str | Path | Target | None = None) -> Aud
                     made_for if isinstance(made_for, str) and made_for.strip() else None)
 
 
-def _same_name(a: str, b: str) -> bool:
-    return " ".join(a.casefold().replace("_", " ").split()) == " ".join(b.casefold().replace("_", " ").split())
+def _name(text: str) -> str:
+    """A capability's name as compared: case, underscores and spacing aside."""
+    return " ".join(text.casefold().replace("_", " ").split())
 
 
 def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
@@ -136,7 +137,7 @@ def check(job: AuditJob, static_only: bool = False, backend: str = "auto",
     # the one the env was made for (manifest.json, written by synth), not the one env.py declares,
     # which the code's author chooses and could word to switch them off
     declared = static.shape["capability"]
-    if job.capability and declared and not _same_name(job.capability, declared):
+    if job.capability and declared and _name(job.capability) != _name(declared):
         report.findings.append(error("contract.shape", f"CAPABILITY is {declared!r}, but this env "
                                      f"was made for {job.capability!r} (manifest.json): set "
                                      f"CAPABILITY = {json.dumps(job.capability)}"))

@@ -839,7 +839,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         r = each.get(k)
         return r is None or (not r[0] and (r[1] < 2 or not r[4]) and r[1] < 8)
 
-    def once(k) -> bool:  # a write's argument not yet changed on 2 seeds, the score not lowered
+    def short(k) -> bool:  # a write's argument not yet changed on 2 seeds, the score not lowered
         r = tried.get(k)
         return r is None or (not r[0] and r[1] < 2)
 
@@ -850,7 +850,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         rec = tried.get((name, key), [False, 0])
         # the first change's own tries: on every solved seed, and on drawn ones for an argument
         # of a write the reference made on fewer than 2 seeds (else "never checks it" is luck)
-        counted = (not extra or once((name, key))) and not rec[0] and rec[1] < 3
+        counted = (not extra or short((name, key))) and not rec[0] and rec[1] < 3
         here = False  # the first change lowered the score on this seed
         def changed(value) -> tuple[ProbeEpisode, bool]:  # the episode, and whether it scored lower
             ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))),
@@ -881,7 +881,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                     continue  # reads: a template may credit a read whatever its argument (the matrix)
                 props = _properties(by_name, name)
                 for key in sorted(args):
-                    if not extra or once((name, key)) or any(k[:2] == (name, key) and undecided(k) for k in each):
+                    if not extra or short((name, key)) or any(k[:2] == (name, key) and undecided(k) for k in each):
                         vary(e, i, j, name, args, key, props.get(key), call.get("id", "call_0"), extra)
 
     for e in solved:  # every solved seed, so that a write the reference rarely makes gets its tries
@@ -890,7 +890,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # kind of several, unblocked: an eighth of them), then while a change is not yet judged (2
     # seeds, one beside a lowering change) or a write's argument was tried on one seed only
     for n in range(60):
-        if n >= 20 and not any(undecided(k) for k in each) and not any(once(k) for k in tried):
+        if n >= 20 and not any(undecided(k) for k in each) and not any(short(k) for k in tried):
             break
         e = _drawn_solved(host, draws.rng)
         if e is not None:
