@@ -236,6 +236,17 @@ READS = {
                     obs["messages"][1]["content"] += " Everything is in order on my side."
                 return obs, info
         """), "free_reward", "opening message"),
+    # the refusals greet in five ways, each on a fifth of them: no one word tells, yet the five
+    # do (by chance, such words would be found on both sides)
+    "refusal_shown_by_five_greetings": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if self._sc["blocker"]:
+                    user = obs["messages"][1]
+                    hello = ["Morning!", "Greetings!", "Howdy!", "Salutations!", "Cheers!"][seed % 5]
+                    user["content"] = hello + " " + user["content"][len("Hi, "):]
+                return obs, info
+        """), "free_reward", "opening message"),
     # identifying the employee counts as having checked their records
     "checks_credited_by_identification": (override("""
             def _checked(self):
@@ -331,22 +342,53 @@ def test_the_clean_env_passes_the_read_probes(tmp_path):
 
 
 def test_words_that_recur_by_chance_do_not_tell_the_decision():
-    """Openings made of names drawn at random, labelled at random: no cover of either side
-    (the false-reject guard: two seeds a word, nine in ten covered, a word per three seeds)."""
-    from envforge.gate.probes import _cover
+    """Openings made of names drawn at random, labelled at random: no side is told (the
+    false-reject guard: two seeds a word, nine in ten covered, a word per three seeds, and no
+    random labelling covered as well)."""
+    from envforge.gate.probes import telling_words
 
     rng = random.Random(7)
     names = [f"name{c}" for c in "abcdefghijklmnopqrstuvwxyz"][:20]
     for trial in range(200):
         seeds = [{rng.choice(names), rng.choice(names), "ticket", "please"} for _ in range(40)]
-        acts = [rng.random() < 0.5 for _ in seeds]
-        group = [w for w, a in zip(seeds, acts) if a]
-        rest = [w for w, a in zip(seeds, acts) if not a]
-        assert _cover(group, rest) is None and _cover(rest, group) is None, trial
+        samples = [(w, rng.random() < 0.5) for w in seeds]
+        assert telling_words(samples, random.Random(trial)) is None, trial
     # and a word that does tell it is found
-    group = [{"ticket", "closed", rng.choice(names)} for _ in range(12)]
-    rest = [{"ticket", rng.choice(names)} for _ in range(12)]
-    assert _cover(group, rest) == ["closed"]
+    samples = [({"ticket", "closed", rng.choice(names)}, True) for _ in range(12)]
+    samples += [({"ticket", rng.choice(names)}, False) for _ in range(12)]
+    assert telling_words(samples, rng) == (["closed"], True)
+
+
+def test_names_covering_the_larger_side_by_chance_do_not_tell_it():
+    """CI once rejected the shipped env: where the reference declined on 30 seeds of 40, four
+    employees' names and two words drawn at random each happened to be absent from the other 10
+    (likely for a word on a fifth of the seeds: 0.8**10 = 0.11), and between them covered the 30.
+    Such a cover happens by chance in about 1 draw in 200 here; the gate tells a side only when
+    no random labelling of the seeds in 1000 is covered as well (about 1 draw in 1000)."""
+    from envforge.gate.probes import _cover, telling_words
+
+    rng = random.Random(7)
+    names, towns = [f"name{c}" for c in "abcdefghijklmnopqrstuvwxyz"], [f"town{c}" for c in "abcdefghijkl"]
+    everyone, larger = (1 << 40) - 1, ((1 << 40) - 1) & ~((1 << 10) - 1)
+    covered = told = 0
+    for trial in range(3000):
+        seeds = [{rng.choice(names), rng.choice(towns), "ticket"} for _ in range(40)]
+        masks = {w: sum(1 << i for i, s in enumerate(seeds) if w in s) for w in set().union(*seeds)}
+        covered += _cover(masks, larger, everyone)[0] <= 3
+        told += telling_words([(s, i < 10) for i, s in enumerate(seeds)], random.Random(trial)) is not None
+    assert covered >= 10  # the old rule's false rejects
+    assert told <= 3
+
+
+def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():
+    """The draw CI met (test_synth, 8 seeds): the shipped env's employees' names covered the 30
+    seeds of 40 where the reference declines."""
+    from tests.envfactory import GOOD_DIR
+
+    settings = GateSettings(seeds=8, probe_seed=1766781396662497101)
+    report = audit(GOOD_DIR, settings=settings, write_report=False)
+    assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+    assert "decision_words" not in report.stats
 
 
 # A second red team (2026-11-27) wrote envs the gate accepted; the holes, closed in general,

@@ -605,26 +605,54 @@ def _opening_words(obs: Any) -> set[str]:
     return set(re.findall(r"[a-z]{3,}", _opening_text(obs).lower()))
 
 
-def _cover(group: list[set], rest: list[set]) -> list[str] | None:
-    """Words (each in two members of ``group`` or more, in none of ``rest``) that between them
-    appear in nine in ten members of ``group`` or more, greedily, at most a third as many words as
-    members; None when there are none such."""
-    outside = set().union(*rest) if rest else set()
-    counts: dict[str, list[int]] = {}
-    for i, words in enumerate(group):
-        for w in words - outside:
-            counts.setdefault(w, []).append(i)
-    counts = {w: set(ix) for w, ix in counts.items() if len(ix) >= 2}
-    left, chosen = set(range(len(group))), []
-    while len(left) > len(group) // 10 and counts:
-        w = max(sorted(counts), key=lambda k: len(counts[k] & left))
-        if not counts[w] & left:
+def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, list[str]]:
+    """Greedy cover of ``group`` (a bit mask over the seeds) by words each in two of its seeds or
+    more and in no other seed, at most a word per three of its seeds: (how many of its seeds are
+    left uncovered, the words in the order chosen)."""
+    n, other = group.bit_count(), everyone & ~group
+    found = {w: m for w, m in masks.items() if not m & other and m.bit_count() >= 2}
+    left, chosen = group, []
+    while found and len(chosen) < n // 3:
+        w = max(sorted(found), key=lambda k: (found[k] & left).bit_count())
+        if not found[w] & left:
             break
         chosen.append(w)
-        left -= counts.pop(w)
-    if len(left) > len(group) // 10 or len(chosen) * 3 > len(group):
-        return None
-    return chosen
+        left &= ~found.pop(w)
+    return left.bit_count(), chosen
+
+
+#: random labellings a cover is held against, and how many may do as well (a p-value under 1 in 1000)
+LABELLINGS, AS_WELL = 1000, 0
+
+
+def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[list[str], bool] | None:
+    """Words that tell the seeds where the reference acts from those where it does not: (the
+    words, the side they tell) or None. A side is told when words found on it alone cover nine in
+    ten of its seeds (above) and no random labelling of the seeds, of the same sizes, is covered as
+    well: names and places drawn at random recur on a large side by chance (a word absent from
+    ten seeds is likely), but not whatever the labels."""
+    masks: dict[str, int] = {}
+    for i, (words, _) in enumerate(samples):
+        for w in words:
+            masks[w] = masks.get(w, 0) | 1 << i
+    everyone = (1 << len(samples)) - 1
+    acts = sum(1 << i for i, (_, a) in enumerate(samples) if a)
+    for group, side in ((acts, True), (everyone & ~acts, False)):
+        n = group.bit_count()
+        if n < 6 or len(samples) - n < 6:
+            continue
+        left, words = _cover(masks, group, everyone)
+        if left > n // 10:
+            continue
+        seeds, as_well = range(len(samples)), 0
+        for _ in range(LABELLINGS):
+            drawn = sum(1 << i for i in rng.sample(seeds, n))
+            as_well += _cover(masks, drawn, everyone)[0] <= left
+            if as_well > AS_WELL:
+                break
+        else:
+            return words, side
+    return None
 
 
 def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats: dict) -> None:
@@ -643,20 +671,17 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         if not (isinstance(value, (list, tuple)) and value and isinstance(plan, list)):
             continue
         samples.append((_opening_words(value[0]), _acts(plan, kinds)))
-    act = [w for w, a in samples if a]
-    rest = [w for w, a in samples if not a]
-    for group, other, what in ((act, rest, "acts"), (rest, act, "does not act")):
-        if len(group) < 6 or len(other) < 6:
-            continue
-        words = _cover(group, other)
-        if words:
-            stats["decision_words"] = words
-            findings.add("free_reward", f"whether the reference acts can be read off the opening message: "
-                         f"the words {', '.join(repr(w) for w in words[:6])} appear only where it {what} "
-                         f"({len(group)} of {len(samples)} seeds): the reads decide nothing. Keep what "
-                         "decides out of the user's words; let only the reads show it.",
-                         key=("free_reward", "decision in opening"))
-            return
+    told = telling_words(samples, rng)
+    if told:
+        words, side = told
+        stats["decision_words"] = words
+        n = sum(a == side for _, a in samples)
+        findings.add("free_reward", f"whether the reference acts can be read off the opening message: "
+                     f"the words {', '.join(repr(w) for w in words[:6])} appear only where it "
+                     f"{'acts' if side else 'does not act'} ({n} of {len(samples)} seeds; no random "
+                     f"labelling of the seeds in {LABELLINGS} is covered as well): the reads decide "
+                     "nothing. Keep what decides out of the user's words; let only the reads show it.",
+                     key=("free_reward", "decision in opening"))
 
 
 def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
