@@ -247,6 +247,25 @@ READS = {
                     user["content"] = hello + " " + user["content"][len("Hi, "):]
                 return obs, info
         """), "free_reward", "opening message"),
+    # the refusals greet otherwise, and so does one granted request in eight: the word is no
+    # longer one side's alone, yet it still tells the decision
+    "refusal_shown_by_greeting_now_and_then": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if self._sc["blocker"] or seed % 8 == 0:
+                    user = obs["messages"][1]
+                    user["content"] = "Hello again! " + user["content"][len("Hi, "):]
+                return obs, info
+        """), "free_reward", "opening message"),
+    # the refusals' openings end in an exclamation mark: no word tells, a mark does
+    "refusal_shown_by_a_mark": (override("""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if self._sc["blocker"]:
+                    user = obs["messages"][1]
+                    user["content"] = user["content"].rstrip(".") + "!"
+                return obs, info
+        """), "free_reward", "opening message"),
     # identifying the employee counts as having checked their records
     "checks_credited_by_identification": (override("""
             def _checked(self):
@@ -363,8 +382,9 @@ def test_names_covering_the_larger_side_by_chance_do_not_tell_it():
     """CI once rejected the shipped env: where the reference declined on 30 seeds of 40, four
     employees' names and two words drawn at random each happened to be absent from the other 10
     (likely for a word on a fifth of the seeds: 0.8**10 = 0.11), and between them covered the 30.
-    Such a cover happens by chance in about 1 draw in 200 here; the gate tells a side only when
-    no random labelling of the seeds in 1000 is covered as well (about 1 draw in 1000)."""
+    Words that tell a side with at most 4 seeds of 40 wrong happen by chance in about 1 draw in
+    300 here; the gate tells a side only when no random labelling of the seeds in 5,000 is told
+    as well (errors and words counted; by design, under 1 draw in 2,500)."""
     from envforge.gate.probes import _cover, telling_words
 
     rng = random.Random(7)
@@ -374,10 +394,11 @@ def test_names_covering_the_larger_side_by_chance_do_not_tell_it():
     for trial in range(3000):
         seeds = [{rng.choice(names), rng.choice(towns), "ticket"} for _ in range(40)]
         masks = {w: sum(1 << i for i, s in enumerate(seeds) if w in s) for w in set().union(*seeds)}
-        covered += _cover(masks, larger, everyone)[0] <= 3
+        left, wrong, _ = _cover(masks, larger, everyone)
+        covered += left + wrong <= 4
         told += telling_words([(s, i < 10) for i, s in enumerate(seeds)], random.Random(trial)) is not None
-    assert covered >= 10  # the old rule's false rejects
-    assert told <= 3
+    assert covered >= 5  # what a cover alone would have rejected
+    assert told <= 1
 
 
 def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():

@@ -600,37 +600,45 @@ def _opening_text(obs: Any) -> str:
 
 
 def _opening_words(obs: Any) -> set[str]:
-    # the system prompt too: one that differs between seeds can tell the decision as well as the
-    # user's words (a red team's env wrote it there)
-    return set(re.findall(r"[a-z]{3,}", _opening_text(obs).lower()))
+    """The opening's tokens: words, numbers and single punctuation marks (the system prompt too:
+    one that differs between seeds can tell the decision as well as the user's words, a red
+    team's env wrote it there; a mark or a two-letter word tells it as well as a word)."""
+    return set(re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", _opening_text(obs).lower()))
 
 
-def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, list[str]]:
+def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, list[str]]:
     """Greedy cover of ``group`` (a bit mask over the seeds) by words each in two of its seeds or
-    more and in no other seed, at most a word per three of its seeds: (how many of its seeds are
-    left uncovered, the words in the order chosen)."""
+    more, at most a word per three of its seeds, each word chosen for the seeds of ``group`` it
+    adds less three times the other seeds it adds (a word the other side uses now and then still
+    tells), while that gains two or more: (the seeds of ``group`` left uncovered, the other seeds
+    covered, the words chosen)."""
     n, other = group.bit_count(), everyone & ~group
-    found = {w: m for w, m in masks.items() if not m & other and m.bit_count() >= 2}
-    left, chosen = group, []
+    found = sorted((w, m) for w, m in masks.items() if (m & group).bit_count() >= 2)
+    left, wrong, chosen = group, 0, []
     while found and len(chosen) < n // 3:
-        w = max(sorted(found), key=lambda k: (found[k] & left).bit_count())
-        if not found[w] & left:
+        gains = [(m & left).bit_count() - 3 * (m & other & ~wrong).bit_count() for _, m in found]
+        best = max(range(len(gains)), key=gains.__getitem__)
+        if gains[best] < 2:
             break
+        w, m = found.pop(best)
         chosen.append(w)
-        left &= ~found.pop(w)
-    return left.bit_count(), chosen
+        left, wrong = left & ~m, wrong | (m & other)
+    return left.bit_count(), wrong.bit_count(), chosen
 
 
-#: random labellings a cover is held against, and how many may do as well (a p-value under 1 in 1000)
-LABELLINGS, AS_WELL = 1000, 0
+#: random labellings a cover is held against, and how many may do as well (a p-value under 1 in 5,000 a side)
+LABELLINGS, AS_WELL = 5000, 0
 
 
 def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[list[str], bool] | None:
     """Words that tell the seeds where the reference acts from those where it does not: (the
-    words, the side they tell) or None. A side is told when words found on it alone cover nine in
-    ten of its seeds (above) and no random labelling of the seeds, of the same sizes, is covered as
-    well: names and places drawn at random recur on a large side by chance (a word absent from
-    ten seeds is likely), but not whatever the labels."""
+    words, the side they tell) or None. A side is told when its words (above) tell it with one
+    seed in ten wrong at most (seeds of the side left out, other seeds covered), and no random
+    labelling of the seeds, of the same sizes, is told as well, counting the errors and the words
+    (a few words and few errors are what a decision in the opening looks like; many words, each
+    on a few seeds, what chance gives): names
+    and places drawn at random recur on a large side by chance (a word absent from ten seeds is
+    likely), but not whatever the labels."""
     masks: dict[str, int] = {}
     for i, (words, _) in enumerate(samples):
         for w in words:
@@ -641,13 +649,13 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
         n = group.bit_count()
         if n < 6 or len(samples) - n < 6:
             continue
-        left, words = _cover(masks, group, everyone)
-        if left > n // 10:
+        left, wrong, words = _cover(masks, group, everyone)
+        if left + wrong > len(samples) // 10:
             continue
         seeds, as_well = range(len(samples)), 0
         for _ in range(LABELLINGS):
-            drawn = sum(1 << i for i in rng.sample(seeds, n))
-            as_well += _cover(masks, drawn, everyone)[0] <= left
+            drawn = _cover(masks, sum(1 << i for i in rng.sample(seeds, n)), everyone)
+            as_well += drawn[0] + drawn[1] + len(drawn[2]) <= left + wrong + len(words)
             if as_well > AS_WELL:
                 break
         else:
@@ -677,10 +685,11 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         stats["decision_words"] = words
         n = sum(a == side for _, a in samples)
         findings.add("free_reward", f"whether the reference acts can be read off the opening message: "
-                     f"the words {', '.join(repr(w) for w in words[:6])} appear only where it "
-                     f"{'acts' if side else 'does not act'} ({n} of {len(samples)} seeds; no random "
-                     f"labelling of the seeds in {LABELLINGS} is covered as well): the reads decide "
-                     "nothing. Keep what decides out of the user's words; let only the reads show it.",
+                     f"the words {', '.join(repr(w) for w in words[:6])} appear where it "
+                     f"{'acts' if side else 'does not act'} ({n} of {len(samples)} seeds, and mostly "
+                     "there: wrong on one seed in ten at most, where no random labelling of the "
+                     f"seeds in {LABELLINGS} is told as well): the reads decide nothing. Keep what "
+                     "decides out of the user's words; let only the reads show it.",
                      key=("free_reward", "decision in opening"))
 
 
