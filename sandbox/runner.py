@@ -205,8 +205,9 @@ class TooLarge(Exception):
 def digest(value):
     """A hex digest of what ``value`` holds, followed through containers (read through the
     built-in types' own methods, never a subclass's), objects' attributes and slots, functions'
-    defaults, closures and attributes, generators' locals, bound methods' objects, and the
-    standard library's objects' pickled state (an iterator's position, a counter). Within one
+    defaults, closures and attributes, generators' locals and what they delegate to, bound
+    methods' objects, and the standard library's objects' pickled state (an iterator's position,
+    a counter; a hashlib object's digest so far). Within one
     process, equal state gives an equal digest. Raises TooLarge past STATE_NODES values or
     STATE_DEPTH levels."""
     h, seen, count = hashlib.blake2b(digest_size=12), {}, [0]
@@ -269,9 +270,12 @@ def digest(value):
                         put("empty")
                 walk(f.__dict__, depth + 1)
             return
-        elif isinstance(x, types.GeneratorType):
-            frame = x.gi_frame
+        elif isinstance(x, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+            # its locals, and what it delegates to (``yield from``: held on the frame's stack)
+            frame = getattr(x, "gi_frame", None) or getattr(x, "cr_frame", None) or getattr(x, "ag_frame", None)
             walk(dict(frame.f_locals) if frame is not None else None, depth + 1)
+            walk(getattr(x, "gi_yieldfrom", None) or getattr(x, "cr_await", None) or getattr(x, "ag_await", None),
+                 depth + 1)
             return
         elif isinstance(x, random.Random):
             walk(x.getstate(), depth + 1)
@@ -298,6 +302,8 @@ def digest(value):
                 raise
             except Exception:
                 put(repr(x))
+                if callable(getattr(x, "hexdigest", None)) and callable(getattr(x, "copy", None)):
+                    put(x.copy().hexdigest())  # a hashlib object: what it has been fed
 
     walk(value, 0)
     return h.hexdigest()

@@ -8,6 +8,7 @@ process is alive, and no process outlived its sandbox.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import textwrap
@@ -1033,6 +1034,24 @@ def test_the_state_digest_sees_what_outlives_an_episode():
     g = gen()
     next(g)
     assert changed(g, lambda: next(g))
+
+    def delegating():  # the count sits on the frame's stack, in no local (a red team's clock)
+        yield from range(10**9)
+    d = delegating()
+    next(d)
+    assert changed(d, lambda: next(d))
+
+    def keeper():
+        kept = []
+        while True:
+            kept.append((yield))
+    def outer():  # a leak two generators down
+        yield from keeper()
+    o = outer()
+    next(o)
+    assert changed(o, lambda: o.send("x"))
+    h = hashlib.sha256()  # no pickled state, a constant repr
+    assert changed(h, lambda: h.update(b"x"))
 
     class Slots:
         __slots__ = ("n",)

@@ -599,11 +599,22 @@ def _opening_text(obs: Any) -> str:
     return " ".join(str(m.get("content") or "") for m in messages or [] if isinstance(m, dict))
 
 
+def _tokens(text: str) -> set[str]:
+    """A text's tokens: words as written and, marked with '~', in any case; numbers, whitespace
+    runs and single marks (a decision told by a mark, a letter's case or two spaces is told all
+    the same)."""
+    found = re.findall(r"[^\W\d_]+|\d+|\s+|[^\w\s]|_", text)
+    return set(found) | {"~" + t.lower() for t in found if t.isalpha()}  # "~hi": any case
+
+
 def _opening_words(obs: Any) -> set[str]:
-    """The opening's tokens: words, numbers and single punctuation marks (the system prompt too:
-    one that differs between seeds can tell the decision as well as the user's words, a red
-    team's env wrote it there; a mark or a two-letter word tells it as well as a word)."""
-    return set(re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", _opening_text(obs).lower()))
+    """The opening's tokens (the system prompt too: one that differs between seeds can tell the
+    decision as well as the user's words, a red team's env wrote it there)."""
+    return _tokens(_opening_text(obs))
+
+
+#: what the agent says first in "the decision in the opening" (the user's answer counts too)
+GREETING = "Hello! How can I help you today?"
 
 
 def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, list[str]]:
@@ -665,26 +676,34 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
 
 def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats: dict) -> None:
     """For a capability about reading: whether the reference acts (makes a write) must not be
-    readable from the opening messages alone, or the reads decide nothing. Over 40 seeds or more
-    (the reference's, then drawn ones: a reset and a solve each), the seeds where it acts and
-    those where it does not must not be told apart by words only one side's openings use."""
-    samples = [(_opening_words(e.trace[0][0]), _acts(e.actions, kinds)) for e in solved]
+    readable from what the user says before any read, or the reads decide nothing. Over 40 seeds
+    or more (the reference's, then drawn ones: a reset and a solve each), the seeds where it acts
+    and those where it does not must not be told apart by the tokens of the opening messages and
+    of the user's answer to a greeting (an episode of one step each)."""
     if not any(_reads(a, kinds) for e in solved for a in e.actions):
         return
+    from envforge.gate.dynamic import scripted
+    plans = [(e.seed, _acts(e.actions, kinds)) for e in solved]
     rng = random.Random(draws.rng.randrange(2**63))
-    for _ in range(max(0, 40 - len(samples))):
+    for _ in range(max(0, 40 - len(plans))):
         seed = rng.randrange(2**31)
-        value = host.op(f"opening reset(seed={seed})", "reset", "a", seed)
         plan = host.op(f"opening solve(seed={seed})", "solve", "a", seed)
-        if not (isinstance(value, (list, tuple)) and value and isinstance(plan, list)):
-            continue
-        samples.append((_opening_words(value[0]), _acts(plan, kinds)))
+        if isinstance(plan, list):
+            plans.append((seed, _acts(plan, kinds)))
+    samples = []
+    for seed, acts in plans:
+        ep = host.episode("a", seed, scripted([assistant(GREETING)]), "a greeting")
+        if ep.trace:
+            said = " ".join(str(m.get("content") or "") for step in ep.trace[1:] for m in step[0]["messages"]
+                            if isinstance(m, dict) and m.get("role") == "user")
+            samples.append((_opening_words(ep.trace[0][0]) | _tokens(said), acts))
     told = telling_words(samples, rng)
     if told:
         words, side = told
         stats["decision_words"] = words
         n = sum(a == side for _, a in samples)
-        findings.add("free_reward", f"whether the reference acts can be read off the opening message: "
+        findings.add("free_reward", f"whether the reference acts can be read off the opening message "
+                     "(or the user's answer to a greeting): "
                      f"the words {', '.join(repr(w) for w in words[:6])} appear where it "
                      f"{'acts' if side else 'does not act'} ({n} of {len(samples)} seeds, and mostly "
                      "there: wrong on one seed in ten at most, where no random labelling of the "
