@@ -647,9 +647,8 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
     seed in ten wrong at most (seeds of the side left out, other seeds covered), and no random
     labelling of the seeds, of the same sizes, is told as well, counting the errors and the words
     (a few words and few errors are what a decision in the opening looks like; many words, each
-    on a few seeds, what chance gives): names
-    and places drawn at random recur on a large side by chance (a word absent from ten seeds is
-    likely), but not whatever the labels."""
+    on a few seeds, what chance gives): names and places drawn at random recur on a large side by
+    chance (a word absent from ten seeds is likely), but not whatever the labels."""
     masks: dict[str, int] = {}
     for i, (words, _) in enumerate(samples):
         for w in words:
@@ -677,9 +676,9 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
 def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats: dict) -> None:
     """For a capability about reading: whether the reference acts (makes a write) must not be
     readable from what the user says before any read, or the reads decide nothing. Over 40 seeds
-    or more (the reference's, then drawn ones: a reset and a solve each), the seeds where it acts
-    and those where it does not must not be told apart by the tokens of the opening messages and
-    of the user's answer to a greeting (an episode of one step each)."""
+    or more (the reference's, then drawn ones, a solve each), the seeds where it acts and those
+    where it does not must not be told apart by the tokens of the opening messages and of the
+    user's answer to a greeting (an episode of one step a seed)."""
     if not any(_reads(a, kinds) for e in solved for a in e.actions):
         return
     from envforge.gate.dynamic import scripted
