@@ -198,6 +198,21 @@ STATE_DEPTH = 400  # and how deep (a value past either makes the name's digest "
 PLAIN = (bool, int, float, complex, str, bytes)
 
 
+def _hash_types() -> tuple:
+    out = set()
+    for name in ("md5", "sha1", "sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_512", "blake2b",
+                 "blake2s", "shake_128", "shake_256"):
+        try:
+            out.add(type(getattr(hashlib, name)()))
+        except (AttributeError, ValueError):  # not built, or refused (FIPS)
+            pass
+    return tuple(out)
+
+
+#: hashlib's objects: no pickled state and a constant repr, so the digest reads their hexdigest()
+_HASHES = _hash_types()
+
+
 class TooLarge(Exception):
     pass
 
@@ -205,7 +220,7 @@ class TooLarge(Exception):
 def digest(value):
     """A hex digest of what ``value`` holds, followed through containers (read through the
     built-in types' own methods, never a subclass's), objects' attributes and slots, functions'
-    defaults, closures and attributes, generators' locals and what they delegate to, bound
+    defaults, closures and attributes, what generators' frames hold (locals and stack), bound
     methods' objects, and the standard library's objects' pickled state (an iterator's position,
     a counter; a hashlib object's digest so far). Within one
     process, equal state gives an equal digest. Raises TooLarge past STATE_NODES values or
@@ -271,11 +286,9 @@ def digest(value):
                 walk(f.__dict__, depth + 1)
             return
         elif isinstance(x, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
-            # its locals, and what it delegates to (``yield from``: held on the frame's stack)
-            frame = getattr(x, "gi_frame", None) or getattr(x, "cr_frame", None) or getattr(x, "ag_frame", None)
-            walk(dict(frame.f_locals) if frame is not None else None, depth + 1)
-            walk(getattr(x, "gi_yieldfrom", None) or getattr(x, "cr_await", None) or getattr(x, "ag_await", None),
-                 depth + 1)
+            # what its frame holds: its locals and its stack (a for loop's iterator, what a
+            # ``yield from`` delegates to), as the garbage collector sees them; never truth-tested
+            walk([o for o in gc.get_referents(x) if not isinstance(o, types.CodeType)], depth + 1)
             return
         elif isinstance(x, random.Random):
             walk(x.getstate(), depth + 1)
@@ -302,8 +315,11 @@ def digest(value):
                 raise
             except Exception:
                 put(repr(x))
-                if callable(getattr(x, "hexdigest", None)) and callable(getattr(x, "copy", None)):
-                    put(x.copy().hexdigest())  # a hashlib object: what it has been fed
+                if isinstance(x, _HASHES):  # what a hashlib object has been fed
+                    try:
+                        put(x.hexdigest())
+                    except TypeError:  # a SHAKE's needs a length
+                        put(x.hexdigest(32))
 
     walk(value, 0)
     return h.hexdigest()

@@ -300,6 +300,14 @@ READS = {
                     reply += " Someone may have changed it already, I think."
                 return reply, outcome
         """), "free_reward", "answer to a greeting"),
+    # the answer to anything the agent says carries a system note on the refusals
+    "refusal_told_in_a_system_note": (override("""
+            def step(self, action):
+                obs, reward, done, cut, info = _Base.step(self, action)
+                if self._sc["blocker"] and not done and isinstance(action, dict) and not action.get("tool_calls"):
+                    obs["messages"].append({"role": "system", "content": "Note: this request has a problem on record."})
+                return obs, reward, done, cut, info
+        """), "free_reward", "answer to a greeting"),
     # identifying the employee counts as having checked their records
     "checks_credited_by_identification": (override("""
             def _checked(self):
@@ -433,6 +441,19 @@ def test_names_covering_the_larger_side_by_chance_do_not_tell_it():
         told += telling_words([(s, i < 10) for i, s in enumerate(seeds)], random.Random(trial)) is not None
     assert covered >= 5  # what a cover alone would have rejected
     assert told <= 1
+
+
+def test_the_labelling_test_keeps_to_the_audit_s_time():
+    """An env can stuff its openings with thousands of words: the 5,000 random labellings then
+    cost minutes, so the test stops at the audit's deadline (a GiveUp: the audit says so)."""
+    from envforge.gate.probes import telling_words
+
+    rng = random.Random(3)
+    samples = [({"again", *(f"w{rng.randrange(3000)}" for _ in range(200))}, False) for _ in range(20)]
+    samples += [({f"w{rng.randrange(3000)}" for _ in range(200)}, True) for _ in range(20)]
+    assert telling_words(samples, random.Random(1)) == (["again"], False)
+    with pytest.raises(TimeoutError, match="ran out of time"):
+        telling_words(samples, random.Random(1), deadline=0.0)
 
 
 def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():

@@ -1053,6 +1053,29 @@ def test_the_state_digest_sees_what_outlives_an_episode():
     h = hashlib.sha256()  # no pickled state, a constant repr
     assert changed(h, lambda: h.update(b"x"))
 
+    def looping():  # a for loop's iterator, on the stack too; its local is always True
+        for _ in map(bool, itertools.count(1)):
+            yield
+    lp = looping()
+    next(lp)
+    assert changed(lp, lambda: next(lp))
+
+    class Empty:  # a delegate that is false (len 0) is followed all the same
+        def __init__(self):
+            self.n = 0
+        def __len__(self):
+            return 0
+        def __iter__(self):
+            return self
+        def __next__(self):
+            self.n += 1
+            return self.n
+    def through():
+        yield from Empty()
+    t = through()
+    next(t)
+    assert changed(t, lambda: next(t))
+
     class Slots:
         __slots__ = ("n",)
     s = Slots()

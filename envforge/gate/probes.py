@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import random
 import re
+import time
 from typing import Any
 
 from envforge.contract import assistant, tool_call
@@ -613,8 +615,11 @@ def _opening_words(obs: Any) -> set[str]:
     return _tokens(_opening_text(obs))
 
 
-#: what the agent says first in "the decision in the opening" (the user's answer counts too)
-GREETING = "Hello! How can I help you today?"
+#: what the agent says first in "the decision in the opening", one drawn an audit (the answer
+#: counts too)
+GREETINGS = ("Hello! How can I help you today?", "Hi, thanks for reaching out. What can I do for you?",
+             "Good day. Could you tell me a bit more about your request?",
+             "Thanks for your message. Let me look into this for you.")
 
 
 def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, list[str]]:
@@ -641,7 +646,8 @@ def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, 
 LABELLINGS, AS_WELL = 5000, 0
 
 
-def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[list[str], bool] | None:
+def telling_words(samples: list[tuple[set, bool]], rng: random.Random,
+                  deadline: float = math.inf) -> tuple[list[str], bool] | None:
     """Words that tell the seeds where the reference acts from those where it does not: (the
     words, the side they tell) or None. A side is told when its words (above) tell it with one
     seed in ten wrong at most (seeds of the side left out, other seeds covered), and no random
@@ -654,6 +660,8 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
         for w in words:
             masks[w] = masks.get(w, 0) | 1 << i
     everyone = (1 << len(samples)) - 1
+    # a word on one seed cannot be chosen, one on every seed tells nothing
+    masks = {w: m for w, m in masks.items() if m != everyone and m & (m - 1)}
     acts = sum(1 << i for i, (_, a) in enumerate(samples) if a)
     for group, side in ((acts, True), (everyone & ~acts, False)):
         n = group.bit_count()
@@ -663,7 +671,10 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random) -> tuple[
         if left + wrong > len(samples) // 10:
             continue
         seeds, as_well = range(len(samples)), 0
-        for _ in range(LABELLINGS):
+        for k in range(LABELLINGS):
+            if k % 100 == 0 and time.monotonic() > deadline:
+                raise TimeoutError(f"the labelling test of the decision in the opening ran out of time "
+                                   f"after {k} labellings ({len(masks)} words in two seeds or more)")
             drawn = _cover(masks, sum(1 << i for i in rng.sample(seeds, n)), everyone)
             as_well += drawn[0] + drawn[1] + len(drawn[2]) <= left + wrong + len(words)
             if as_well > AS_WELL:
@@ -689,14 +700,18 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         plan = host.op(f"opening solve(seed={seed})", "solve", "a", seed)
         if isinstance(plan, list):
             plans.append((seed, _acts(plan, kinds)))
-    samples = []
+    samples, greeting = [], rng.choice(GREETINGS)
     for seed, acts in plans:
-        ep = host.episode("a", seed, scripted([assistant(GREETING)]), "a greeting")
-        if ep.trace:
+        ep = host.episode("a", seed, scripted([assistant(greeting)]), "a greeting")
+        if ep.trace:  # every message of the answer the agent reads, all but a tool's
             said = " ".join(str(m.get("content") or "") for step in ep.trace[1:] for m in step[0]["messages"]
-                            if isinstance(m, dict) and m.get("role") == "user")
+                            if isinstance(m, dict) and m.get("role") != "tool")
             samples.append((_opening_words(ep.trace[0][0]) | _tokens(said), acts))
-    told = telling_words(samples, rng)
+    try:
+        told = telling_words(samples, rng, host.deadline)
+    except TimeoutError as e:
+        from envforge.gate.dynamic import GiveUp
+        raise GiveUp(f"{e}: openings of thousands of distinct words; the remaining checks were skipped") from None
     if told:
         words, side = told
         stats["decision_words"] = words
