@@ -32,9 +32,8 @@ def _no_traceback(p):
 
 def test_audit_good_env_json_exit_0(tmp_path):
     folder = write_env(tmp_path / "good", good_source())
-    # a pinned draw: at 8 seeds a drawn one can reject this env by chance words (employees' names
-    # covering the seeds where the reference declines, in "the decision in the opening": CI hit
-    # it once, 340 runs here under load did not)
+    # a pinned draw, so that a failure can be replayed (a drawn one at 8 seeds once rejected this
+    # env in CI by chance words in "the decision in the opening", which its labelling test closed)
     p = run("audit", str(folder), "--json", *FAST, "--probe-seed", "0")
     data = json.loads(p.stdout)
     [r] = data["results"]

@@ -226,72 +226,45 @@ def test_hidden_numbers_and_enum_choices(value, schema, messages, hidden):
 # Attacks on the capability itself (issue 15's "capability not tested"), written for these
 # probes: the reads are made and may even be credited, but what they return decides nothing.
 
+def opening_as(when: str, content: str) -> str:
+    """The clean env whose opening user message becomes ``content`` (an expression of ``text``,
+    the message as written, and ``seed``) wherever ``when`` holds."""
+    return override(f"""
+            def reset(self, seed):
+                obs, info = _Base.reset(self, seed)
+                if {when}:
+                    user = obs["messages"][1]
+                    text = user["content"]
+                    user["content"] = {content}
+                return obs, info
+        """)
+
+
+REFUSED = 'self._sc["blocker"]'
+AFTER_HI = 'text[len("Hi, "):]'
+
 READS = {
     # whether the request will be refused shows in the greeting: the reads decide nothing
-    "refusal_shown_by_greeting": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"]:
-                    user = obs["messages"][1]
-                    user["content"] = "Hello again! " + user["content"][len("Hi, "):]
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_greeting": (opening_as(REFUSED, '"Hello again! " + ' + AFTER_HI),
+                                  "free_reward", "opening message"),
     # the other side: only requests that will be granted say everything is in order
-    "grant_shown_by_remark": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if not self._sc["blocker"]:
-                    obs["messages"][1]["content"] += " Everything is in order on my side."
-                return obs, info
-        """), "free_reward", "opening message"),
+    "grant_shown_by_remark": (opening_as("not " + REFUSED, 'text + " Everything is in order on my side."'),
+                              "free_reward", "opening message"),
     # the refusals greet in five ways, each on a fifth of them: no one word tells, yet the five
     # do (by chance, such words would be found on both sides)
-    "refusal_shown_by_five_greetings": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"]:
-                    user = obs["messages"][1]
-                    hello = ["Morning!", "Greetings!", "Howdy!", "Salutations!", "Cheers!"][seed % 5]
-                    user["content"] = hello + " " + user["content"][len("Hi, "):]
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_five_greetings": (opening_as(REFUSED, '["Morning!", "Greetings!", "Howdy!", "Salutations!", '
+                                                   '"Cheers!"][seed % 5] + " " + ' + AFTER_HI),
+                                        "free_reward", "opening message"),
     # the refusals greet otherwise, and so does one granted request in eight: the word is no
     # longer one side's alone, yet it still tells the decision
-    "refusal_shown_by_greeting_now_and_then": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"] or seed % 8 == 0:
-                    user = obs["messages"][1]
-                    user["content"] = "Hello again! " + user["content"][len("Hi, "):]
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_greeting_now_and_then": (opening_as(REFUSED + " or seed % 8 == 0", '"Hello again! " + ' + AFTER_HI),
+                                               "free_reward", "opening message"),
     # the refusals' openings end in an exclamation mark: no word tells, a mark does
-    "refusal_shown_by_a_mark": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"]:
-                    user = obs["messages"][1]
-                    user["content"] = user["content"].rstrip(".") + "!"
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_a_mark": (opening_as(REFUSED, 'text.rstrip(".") + "!"'), "free_reward", "opening message"),
     # the refusals' openings greet in capitals: only the letters' case tells
-    "refusal_shown_by_case": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"]:
-                    user = obs["messages"][1]
-                    user["content"] = "HI, " + user["content"][len("Hi, "):]
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_case": (opening_as(REFUSED, '"HI, " + ' + AFTER_HI), "free_reward", "opening message"),
     # the refusals' openings put two spaces after the greeting: only whitespace tells
-    "refusal_shown_by_spaces": (override("""
-            def reset(self, seed):
-                obs, info = _Base.reset(self, seed)
-                if self._sc["blocker"]:
-                    user = obs["messages"][1]
-                    user["content"] = "Hi,  " + user["content"][len("Hi, "):]
-                return obs, info
-        """), "free_reward", "opening message"),
+    "refusal_shown_by_spaces": (opening_as(REFUSED, '"Hi,  " + ' + AFTER_HI), "free_reward", "opening message"),
     # the opening is clean, but asked anything the user says what the reads would show
     "refusal_told_when_asked": (override("""
             def _user_reply(self, content):
@@ -436,7 +409,7 @@ def test_names_covering_the_larger_side_by_chance_do_not_tell_it():
     for trial in range(3000):
         seeds = [{rng.choice(names), rng.choice(towns), "ticket"} for _ in range(40)]
         masks = {w: sum(1 << i for i, s in enumerate(seeds) if w in s) for w in set().union(*seeds)}
-        left, wrong, _ = _cover(masks, larger, everyone)
+        left, wrong, _ = _cover(sorted(masks.items()), larger, everyone)
         covered += left + wrong <= 4
         told += telling_words([(s, i < 10) for i, s in enumerate(seeds)], random.Random(trial)) is not None
     assert covered >= 5  # what a cover alone would have rejected

@@ -101,8 +101,8 @@ def shipped_env(out, audited: bool) -> None:
     for name in ("env.py", "manifest.json"):
         shutil.copyfile(REPO / "generated_envs" / SLUG / name, out / SLUG / name)
     if audited:
-        # 8 seeds: a pinned draw (a drawn one rejected this env once in CI: chance words,
-        # employees' names, covered the seeds where the reference declines)
+        # 8 seeds at a pinned draw, so that a failure can be replayed (a drawn one once rejected
+        # this env in CI by chance words, closed since by the gate's labelling test)
         assert invoke("audit", str(out / SLUG), *FAST, "--probe-seed", "0").exit_code == 0
 
 

@@ -622,14 +622,15 @@ GREETINGS = ("Hello! How can I help you today?", "Hi, thanks for reaching out. W
              "Thanks for your message. Let me look into this for you.")
 
 
-def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, list[str]]:
-    """Greedy cover of ``group`` (a bit mask over the seeds) by words each in two of its seeds or
+def _cover(words: list[tuple[str, int]], group: int, everyone: int) -> tuple[int, int, list[str]]:
+    """Greedy cover of ``group`` (a bit mask over the seeds) by ``words`` ((word, mask of the seeds
+    it is in), sorted: ties go to the first) each in two of its seeds or
     more, at most a word per three of its seeds, each word chosen for the seeds of ``group`` it
     adds less three times the other seeds it adds (a word the other side uses now and then still
     tells), while that gains two or more: (the seeds of ``group`` left uncovered, the other seeds
     covered, the words chosen)."""
     n, other = group.bit_count(), everyone & ~group
-    found = sorted((w, m) for w, m in masks.items() if (m & group).bit_count() >= 2)
+    found = [(w, m) for w, m in words if (m & group).bit_count() >= 2]
     left, wrong, chosen = group, 0, []
     while found and len(chosen) < n // 3:
         gains = [(m & left).bit_count() - 3 * (m & other & ~wrong).bit_count() for _, m in found]
@@ -642,8 +643,8 @@ def _cover(masks: dict[str, int], group: int, everyone: int) -> tuple[int, int, 
     return left.bit_count(), wrong.bit_count(), chosen
 
 
-#: random labellings a cover is held against, and how many may do as well (a p-value under 1 in 5,000 a side)
-LABELLINGS, AS_WELL = 5000, 0
+#: random labellings a cover is held against, none of which may do as well (p < 1/5,000 a side)
+LABELLINGS = 5000
 
 
 def telling_words(samples: list[tuple[set, bool]], rng: random.Random,
@@ -661,26 +662,25 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random,
             masks[w] = masks.get(w, 0) | 1 << i
     everyone = (1 << len(samples)) - 1
     # a word on one seed cannot be chosen, one on every seed tells nothing
-    masks = {w: m for w, m in masks.items() if m != everyone and m & (m - 1)}
+    words = sorted((w, m) for w, m in masks.items() if m != everyone and m & (m - 1))
     acts = sum(1 << i for i, (_, a) in enumerate(samples) if a)
     for group, side in ((acts, True), (everyone & ~acts, False)):
         n = group.bit_count()
         if n < 6 or len(samples) - n < 6:
             continue
-        left, wrong, words = _cover(masks, group, everyone)
+        left, wrong, chosen = _cover(words, group, everyone)
         if left + wrong > len(samples) // 10:
             continue
-        seeds, as_well = range(len(samples)), 0
+        seeds = range(len(samples))
         for k in range(LABELLINGS):
             if k % 100 == 0 and time.monotonic() > deadline:
                 raise TimeoutError(f"the labelling test of the decision in the opening ran out of time "
-                                   f"after {k} labellings ({len(masks)} words in two seeds or more)")
-            drawn = _cover(masks, sum(1 << i for i in rng.sample(seeds, n)), everyone)
-            as_well += drawn[0] + drawn[1] + len(drawn[2]) <= left + wrong + len(words)
-            if as_well > AS_WELL:
-                break
+                                   f"after {k} labellings ({len(words)} words in two seeds or more)")
+            drawn = _cover(words, sum(1 << i for i in rng.sample(seeds, n)), everyone)
+            if drawn[0] + drawn[1] + len(drawn[2]) <= left + wrong + len(chosen):
+                break  # chance tells it as well
         else:
-            return words, side
+            return chosen, side
     return None
 
 
