@@ -429,6 +429,23 @@ def test_the_labelling_test_keeps_to_the_audit_s_time():
         telling_words(samples, random.Random(1), deadline=0.0)
 
 
+def test_a_plan_that_is_not_made_of_tool_calls_does_not_act():
+    """A drawn seed's ``solve`` is env output: whatever shape it has, whether it acts is a yes
+    or a no (a name that is a list had raised a TypeError, and the audit said only that its
+    dynamic checks stopped)."""
+    from envforge.gate.probes import _acts
+
+    kinds = {"close_ticket": "write", "get_ticket": "read"}
+    call = {"function": {"name": "close_ticket", "arguments": "{}"}}
+    assert _acts([{"role": "assistant", "tool_calls": [call]}], kinds)
+    assert not _acts([{"role": "assistant", "tool_calls": [{"function": {"name": "get_ticket"}}]}], kinds)
+    for plan in (None, 5, "close_ticket", [5], [{"tool_calls": 5}], [{"tool_calls": "close_ticket"}],
+                 [{"tool_calls": [5]}], [{"tool_calls": [{"function": "close_ticket"}]}],
+                 [{"tool_calls": [{"function": {"name": ["close_ticket"]}}]}],
+                 [{"tool_calls": [{"function": {"name": {"a": 1}}}]}]):
+        assert not _acts(plan, kinds), plan
+
+
 def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():
     """The draw CI met (test_synth, 8 seeds): the shipped env's employees' names covered the 30
     seeds of 40 where the reference declines."""

@@ -516,11 +516,17 @@ def without_calls(actions: list, names) -> list:
     return plan
 
 
-def _acts(actions: list, kinds: dict) -> bool:
-    """Whether a plan acts: makes a call that is neither a read nor a transfer to a human."""
-    return any(isinstance(a, dict) and isinstance(c, dict) and isinstance(c.get("function"), dict)
-               and kinds.get(c["function"].get("name")) not in ("read", "escalation")
-               for a in actions for c in (a.get("tool_calls") or [] if isinstance(a, dict) else []))
+def _acts(actions: Any, kinds: dict) -> bool:
+    """Whether a plan acts: makes a call that is neither a read nor a transfer to a human. A
+    plan is env output (a drawn seed's ``solve``): what is not a tool call does not act."""
+    for a in actions if isinstance(actions, list) else []:
+        calls = a.get("tool_calls") if isinstance(a, dict) else None
+        for c in calls if isinstance(calls, list) else []:
+            f = c.get("function") if isinstance(c, dict) else None
+            name = f.get("name") if isinstance(f, dict) else None
+            if isinstance(name, str) and kinds.get(name) not in ("read", "escalation"):
+                return True
+    return False
 
 
 def checking_reads(host, solved: list, kinds: dict, about_reading: bool, findings, stats: dict) -> list:
