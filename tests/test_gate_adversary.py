@@ -457,6 +457,54 @@ def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():
     assert "decision_words" not in report.stats
 
 
+def decline_by_write(pays: str) -> str:
+    """The good env where a decline is itself a write: the reference closes the request's ticket,
+    its resolution naming the failed check (a text naming it no longer ends the episode). A close
+    of the request's ticket is a right decline where ``pays`` holds (sc: the task, said: the
+    resolution's claims)."""
+    from tests.envfactory import good_source
+
+    src = good_source()
+    for old, new in [
+        ("- When a check fails, make no change: tell the employee which check failed and what to do next.",
+         "- When a check fails, make no other change: close the request's ticket with close_ticket, its\n"
+         "  resolution naming the check that failed and what to do next."),
+        ("""            if ticket["status"] in ("closed", "cancelled"):""",
+         """            said = [c for c, pattern in CLAIMS if re.search(pattern, args["resolution"].lower())]
+            if ticket["ticket_id"] == sc["ticket_id"] and (%s):
+                ticket["resolution"] = args["resolution"]
+                return "Ticket {} closed as declined.".format(ticket["ticket_id"]), (
+                    "refused" if said == [sc["blocker"]] or (said and not sc["blocker"]) else "wrong")
+            if ticket["status"] in ("closed", "cancelled"):""" % pays),
+        ('''            if claims == [self._sc["blocker"]]:
+                return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
+            # a wrong reason ends it: a guess retried turn after turn must not earn a right refusal
+            return "That doesn't match what I was told. I'll ask someone else. Bye.", "wrong"''',
+         '''            reply = "Please record that on my ticket, then."'''),
+        ("""            out.append({"role": "assistant", "content": say[sc["blocker"]]})""",
+         """            out.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_decline", "type": "function", "function": {"name": "close_ticket",
+                "arguments": json.dumps({"ticket_id": tid, "resolution": say[sc["blocker"]]})}}]})"""),
+    ]:
+        assert src.count(old) == 1, f"the good env no longer holds {old!r}; update this attack"
+        src = src.replace(old, new)
+    return src
+
+
+def test_a_decline_recorded_as_a_write_is_accepted(tmp_path):
+    """The design is sound where only the right check closes the ticket as declined."""
+    verdict, found = audited(tmp_path, "decline_write", decline_by_write('sc["blocker"]'))
+    assert verdict == "accept", json.dumps(found, indent=1)
+
+
+def test_a_decline_recorded_as_a_write_that_pays_everywhere_is_rejected(tmp_path):
+    """A close naming any check pays on every seed, also where the request should be carried
+    out: every seed writes, so the probes that contrast acting with declining had nothing to
+    contrast (the fifth red team's; each seed's ending tried on the others catches it)."""
+    assert_rejected(tmp_path, "decline_write_everywhere", decline_by_write(
+        'sc["blocker"] or said'), "free_reward", "another seed's kind of ending")
+
+
 # A second red team (2026-11-27) wrote envs the gate accepted; the holes, closed in general,
 # each tried here by a variant of our own on the clean env.
 ROUND2 = {

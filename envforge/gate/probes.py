@@ -21,6 +21,7 @@ team found in the gate (tests/redteam_unseen, issue 15), closed in general, not 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import random
@@ -782,7 +783,7 @@ def _call_values(actions: list) -> dict:
 
     out, seen = {}, {}
     for a in actions:
-        for c in a.get("tool_calls") or []:
+        for c in _calls(a):
             name = _call_name(c)
             n = seen[name] = seen.get(name, -1) + 1
             for k, v in sorted((_json_args(c) or {}).items()):
@@ -792,10 +793,14 @@ def _call_values(actions: list) -> dict:
     return out
 
 
-def _as_if(text: str, theirs: dict, mine: dict) -> str:
+def _as_if(text: str, theirs: dict, mine: dict, whole: bool = False) -> str:
     """``text`` said on another seed, with the values its calls sent (record ids, names) replaced
-    by those this seed's calls sent in the same place."""
-    swap = {v: mine[k] for k, v in theirs.items() if k in mine and mine[k] != v}
+    by those this seed's calls sent in the same place; ``whole``: only where a value stands as a
+    whole word (a day count of 7 is not the 7 in an id, nor 'read' the one in 'already')."""
+    swap = {v: mine[k] for k, v in theirs.items() if k in mine and mine[k] != v and v}
+    if whole and swap:
+        words = "|".join(re.escape(v) for v in sorted(swap, key=len, reverse=True))
+        return re.sub(rf"(?<![\w-])(?:{words})(?![\w-])", lambda m: swap[m.group(0)], text)
     for v in sorted(swap, key=len, reverse=True):
         text = text.replace(v, swap[v])
     return text
@@ -874,15 +879,66 @@ def _shown_value(value: Any, schema: Any, episode) -> Any:
     return value
 
 
+def _tools_by_name(host) -> dict:
+    return {t["function"]["name"]: t for t in host.meta.get("tools") or [] if isinstance(t, dict)
+            and isinstance(t.get("function"), dict)}
+
+
+def _calls(a: Any) -> list:
+    """A message's well-formed tool calls (a dict with a function whose name is a string)."""
+    from envforge.gate.dynamic import _call_name
+    calls = a.get("tool_calls") if isinstance(a, dict) else None
+    return [c for c in calls if _call_name(c) is not None] if isinstance(calls, list) else []
+
+
+def transplant(e, other, tail: list, by_name: dict, before: list | None = None) -> list:
+    """``tail`` (what ``other``'s reference does after its reads: the end of its plan) as if said
+    on ``e``'s seed: its calls' values and its texts with the record values (``_call_values``)
+    ``other``'s calls before the tail sent made those ``e``'s calls ``before`` (its plan by
+    default) sent for the same argument of the same call (``_as_if``: an id, also inside a
+    note's text); a value that leaves unchanged made one ``e``'s episode shows
+    (``_shown_value``)."""
+    from envforge.gate.dynamic import _json_args, _properties
+
+    mine = _call_values(e.actions if before is None else before)
+    theirs = _call_values(other.actions[:len(other.actions) - len(tail)])
+    same = (dict(theirs), dict(mine))
+
+    def moved(v: Any, schema: Any) -> Any:
+        w = _as_if(v, *same) if isinstance(v, str) else v
+        return w if w != v else _shown_value(v, schema, e)
+
+    swap: dict = {}  # (tool, argument, n-th call of the tool in the tail) -> this seed's value
+    plan, seen = [], {}
+    for a in tail:
+        if not _calls(a):
+            plan.append(assistant(str(a.get("content") or "") if isinstance(a, dict) else ""))
+            continue
+        new = []
+        for c in _calls(a):
+            name = c["function"]["name"]
+            n = seen[name] = seen.get(name, -1) + 1
+            props, args = _properties(by_name, name), {}
+            for k, v in (_json_args(c) or {}).items():
+                args[k] = v
+                if isinstance(v, (str, int)) and not isinstance(v, bool):
+                    args[k] = swap[(name, k, n)] = moved(v, props.get(k))
+                    theirs[(name, k, n)] = str(v)  # its texts say it too
+            new.append(tool_call(name, args, c.get("id", "call_0")))
+        plan.append(assistant(a.get("content"), new))
+    mine.update((k, str(v)) for k, v in swap.items())
+    return [m if m.get("tool_calls") else assistant(_as_if(m.get("content") or "", theirs, mine, whole=True))
+            for m in plan]
+
+
 def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> None:
     """On seeds where the reference declines, its calls, then what the reference does on a seed
-    where it acts (its texts and calls after its reads), each argument made one this seed shows
-    (``_shown_value``): carrying out a request that should be declined must not earn the full
+    where it acts (its texts and calls after its reads), its values made this seed's
+    (``transplant``): carrying out a request that should be declined must not earn the full
     score, or the check before it teaches nothing."""
-    from envforge.gate.dynamic import _json_args, _properties, scripted
+    from envforge.gate.dynamic import scripted
 
-    by_name = {t["function"]["name"]: t for t in host.meta.get("tools") or [] if isinstance(t, dict)
-               and isinstance(t.get("function"), dict)}
+    by_name = _tools_by_name(host)
     tails, tools = [], set()
     for e in acting:  # one tail per write tool
         tail = e.actions[_after_reads(e.actions, kinds):]
@@ -896,26 +952,8 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
         calls = [a for a in e.actions if a.get("tool_calls")]
         tried += 1
         for other, tail in tails[:3]:
-            plan = list(calls)
-            mine, theirs = _call_values(e.actions), _call_values(other.actions)
-            swap: dict = {}  # the tail's argument values -> this seed's, for its texts too
-            for a in tail:
-                for c in a.get("tool_calls") or []:
-                    props = _properties(by_name, c["function"]["name"])
-                    for k, v in (_json_args(c) or {}).items():
-                        if isinstance(v, (str, int)) and not isinstance(v, bool):
-                            swap[(c["function"]["name"], k, 0)] = _shown_value(v, props.get(k), e)
-                            theirs[(c["function"]["name"], k, 0)] = str(v)
-            mine.update((k, str(v)) for k, v in swap.items())
-            for a in tail:
-                if a.get("tool_calls"):
-                    new = [tool_call(c["function"]["name"], {k: swap.get((c["function"]["name"], k, 0), v)
-                                                             for k, v in (_json_args(c) or {}).items()},
-                                     c.get("id", "call_0")) for c in a["tool_calls"]]
-                    plan.append(assistant(a.get("content"), new))
-                else:
-                    plan.append(assistant(_as_if(str(a.get("content") or ""), theirs, mine)))
-            ep = host.episode("a", e.seed, scripted(plan), "acting where it declines")
+            ep = host.episode("a", e.seed, scripted(calls + transplant(e, other, tail, by_name)),
+                              "acting where it declines")
             # it counts only where the write was made (a user who says no to the question ends
             # the episode before it, which is the right end)
             if as_good(e, ep) and _acts(ep.actions, kinds):
@@ -926,6 +964,77 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
                      f"this seed's values) earns the full score on {len(paid)} of {tried} seeds where the "
                      f"reference declines (e.g. seed {paid[0]}): a write that should be refused must not "
                      "pay, or the check before it teaches nothing.", key=("free_reward", "acting where it declines"))
+
+
+def _calls_of(plan: list) -> list:
+    """A plan's calls as (tool, its arguments in a fixed order), sorted: what it sends."""
+    from envforge.gate.dynamic import _json_args
+    return sorted((c["function"]["name"], json.dumps(_json_args(c), sort_keys=True, default=str))
+                  for a in plan for c in _calls(a))
+
+
+def _kind(plan: list, by_name: dict) -> frozenset:
+    """The kind of an ending: the tools it calls, each with its arguments that choose among a few
+    values (an enum of the schema, a boolean); ids, numbers and free text aside."""
+    from envforge.gate.dynamic import _json_args, _properties
+
+    def chooses(schema: Any, v: Any) -> bool:
+        return isinstance(v, bool) or isinstance(schema, dict) and isinstance(schema.get("enum"), list)
+
+    out = set()
+    for a in plan:
+        for c in _calls(a):
+            name, props = c["function"]["name"], _properties(by_name, c["function"]["name"])
+            out.add((name, tuple(sorted((k, json.dumps(v, default=str)) for k, v in (_json_args(c) or {}).items()
+                                        if chooses(props.get(k), v)))))
+    return frozenset(out)
+
+
+def one_ending(host, acting: list, kinds: dict, rng: random.Random, findings) -> None:
+    """Where a decline is itself a write, every seed writes. Between seeds where the reference
+    writes, of two kinds of ending (``_kind``; neither holding the other): seed A's plan up to
+    its ending, then seed B's ending (``transplant``: its values made A's); and the other way
+    round. B's ending earning A's full score while A's does not earn B's is one kind of ending
+    that pays where another is right (a close naming any check where the request should be
+    granted, or the grant where a check fails): the agent learns it in place of the decision.
+    Endings that pay on each other's seeds are two right answers and count for nothing, and so
+    does a seed whose plan up to its ending earns the full score alone."""
+    from envforge.gate.dynamic import scripted
+
+    by_name = _tools_by_name(host)
+    tails = [(e, e.actions[_after_reads(e.actions, kinds):]) for e in acting]
+    of_kind: dict = {}  # kind of ending -> its seeds: 8 seeds, each kind in turn
+    for e, own in tails:
+        of_kind.setdefault(_kind(own, by_name), []).append((e, own))
+    chosen = [t for turn in itertools.zip_longest(*of_kind.values()) for t in turn if t][:8]
+    tried, paid = 0, []
+    for e, own in chosen:
+        mine, before = _kind(own, by_name), e.actions[:len(e.actions) - len(own)]
+        others: dict = {}  # kind -> one ending of it, this seed's values (each kind tried once)
+        for other, tail in rng.sample(tails, len(tails)):
+            moved = transplant(e, other, tail, by_name, before) if other is not e else []
+            kind = _kind(moved, by_name)
+            if kind and not (kind <= mine or mine <= kind):
+                others.setdefault(kind, (other, tail, moved))
+        if not others or as_good(e, host.episode("a", e.seed, scripted(before), "its plan up to its ending")):
+            continue
+        tried += 1
+        for other, tail, moved in list(others.values())[:4]:
+            ep = host.episode("a", e.seed, scripted(before + moved), "another seed's ending")
+            if not (as_good(e, ep) and _acts(ep.actions, kinds)):
+                continue
+            theirs = other.actions[:len(other.actions) - len(tail)]
+            back = theirs + transplant(other, e, own, by_name, theirs)
+            if not as_good(other, host.episode("a", other.seed, scripted(back), "this seed's ending there")):
+                paid.append(e.seed)
+                break
+    if often(paid, tried):
+        findings.add("free_reward", f"another seed's kind of ending (what its reference does after its reads, "
+                     f"with this seed's values: other tools or choices than this seed's) earns the full score "
+                     f"on {len(paid)} of {tried} seeds where the reference ends otherwise, while this seed's "
+                     f"ending does not pay there (e.g. seed {paid[0]}): one kind of ending pays where another "
+                     "is right (a decline recorded as a write, say, that names any check), so the agent "
+                     "learns it in place of the decision.", key=("free_reward", "one ending everywhere"))
 
 
 #: capabilities about deciding whether to act (where a declining text gives a reason)
@@ -952,6 +1061,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     # can be as small as a count of 0 to 3, and every count at once names the right one
     if not (_DECIDING.search(str(host.meta.get("capability") or "")) or (len(acting) >= 2 and len(found) >= 2)):
         return
+    one_ending(host, acting, kinds, random.Random(f"one ending {draws.probe_seed}"), findings)
     rng = random.Random(f"every reason {draws.probe_seed}")  # a stream of its own: the other draws stay
     for _ in range(32):  # a few refusals among many seeds, each reason on few: more seeds, drawn
         if len(found) >= 16 or not found:
