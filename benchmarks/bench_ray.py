@@ -1,7 +1,7 @@
 """Ray benchmark: audits per minute with 1 and 2 nodes, and env steps per second through Ray
 sandbox actors against the local warm pool.
 
-    python benchmarks/bench_ray.py [--audits 4] [--seeds 20] [--repeat 3] [--steps 300] [--pool 4 16] [--pin]
+    python benchmarks/bench_ray.py [--audits 12] [--seeds 20] [--repeat 3] [--steps 300] [--pool 4 16] [--pin]
                                    [--out benchmarks/results/ray.json]
 
 A real cluster on this machine (tests/ray_cluster.py): a head node with one CPU, then a second
@@ -18,6 +18,10 @@ real env: a reset and a step of its plan per episode and round).
 ``--pin`` also audits on a cluster of its own whose nodes are pinned to one core each (``taskset``:
 a node and every process it starts, sandboxes included, run on its core alone), as one-core
 machines would; unpinned, "one CPU" is Ray's count, and one node's audit also uses the other core.
+There both nodes stay up and 1-node runs (the audits kept on the head) alternate with 2-node
+runs, so that the machine's drift over the minutes of the benchmark falls on both alike. Then
+the same audits without Ray (one plain process pinned to a core, then two, a core each): what
+this machine's two cores give at best, against which the pinned figure is read.
 
 Goals (issue 17): audits/min with 2 nodes >= 1.8x 1 node; env steps/s through Ray actors >= 0.5x
 the local pool. Both nodes share this machine's cores with everything else running on it: the
@@ -109,21 +113,95 @@ def grown(cluster):
         yield nodes
 
 
+def head_only(executor: RayExecutor) -> RayExecutor:
+    """``executor``'s audits kept on the head node (the other nodes left idle): one node's
+    figure with the second node up, so that 1-node and 2-node runs can alternate."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from envforge.executor import TASK_RETRIES, audit_task
+    head = next(n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}))
+    executor._task = ray.remote(audit_task).options(
+        num_cpus=1, max_retries=TASK_RETRIES,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
+    return executor
+
+
 def pinned_audits(env: dict, paths: list[str], seeds: int, repeat: int) -> dict:
-    """Audits/min with 1 node, then 2, on a cluster of its own whose nodes are pinned to one core
-    each (``Cluster(pin=True)``): each node has one core, as a one-core machine would. ``env``:
-    the token this process already joined a cluster with (ray reads it once)."""
+    """Audits/min with 1 node and with 2, on a cluster of its own whose two nodes are pinned to
+    one core each (``Cluster(pin=True)``): each node has one core, as a one-core machine would.
+    Both nodes are up throughout and the runs alternate (1 then 2 nodes, then 2 then 1, ...; a
+    1-node run's audits kept on the head), so that this machine's drift from minute to minute
+    falls on both counts alike. ``env``: the token this process already joined a cluster with
+    (ray reads it once)."""
     import ray
     from tests.ray_cluster import Cluster
     cluster = Cluster(pin=True, env=env)
     try:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        executor = RayExecutor()
-        return {f"{nodes} node(s)": audits_per_minute(executor, paths, seeds, repeat)
-                for nodes in grown(cluster)}
+        cluster.add_worker()
+        time.sleep(2)
+        one, two = head_only(RayExecutor()), RayExecutor()
+        runs: dict = {"1 node(s)": [], "2 node(s)": []}
+        for r in range(repeat):
+            for nodes in ((1, 2) if r % 2 == 0 else (2, 1)):
+                runs[f"{nodes} node(s)"].append(audits_per_minute(one if nodes == 1 else two, paths, seeds))
+        return {k: merged(v) for k, v in runs.items()}
     finally:
         ray.shutdown()
         cluster.stop()
+
+
+#: one process's share of the audits, pinned to one core (no Ray): ``bench_ray.py`` runs it
+#: as ``python -c CHILD core seeds path...`` and reads the seconds it prints
+CHILD = """import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+from envforge.gate import audit
+from envforge.gate.config import GateSettings
+t = time.perf_counter()
+for path in sys.argv[3:]:
+    assert audit(path, settings=GateSettings(seeds=int(sys.argv[2]), probe_seed=1), write_report=False).accepted
+print(time.perf_counter() - t)
+"""
+
+
+def plain_audits(paths: list[str], seeds: int, repeat: int) -> dict:
+    """The same audits without Ray, as the machine's own ceiling: all in one process pinned to
+    the first core, then half in each of two processes pinned to a core each, alternating as
+    ``pinned_audits`` does. Returns the seconds of each run of each, and the median ratio."""
+    import subprocess
+    cores = sorted(os.sched_getaffinity(0))[:2]
+
+    def run(groups: list) -> float:
+        t = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(core), str(seeds), *group],
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for core, group in groups]
+        for proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode:
+                raise RuntimeError(f"a plain audit process failed ({proc.returncode}): {out}")
+        return round(time.perf_counter() - t, 2)
+
+    half = len(paths) // 2
+    one, two = [], []
+    for r in range(repeat):
+        for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+            if n == 1:
+                one.append(run([(cores[0], paths)]))
+            else:
+                two.append(run([(cores[0], paths[:half]), (cores[1], paths[half:])]))
+    return {"1 process": one, "2 processes": two,
+            "speedup": round(statistics.median(one) / statistics.median(two), 2)}
+
+
+def merged(runs: list[dict]) -> dict:
+    """One node count's single runs (``audits_per_minute`` with ``repeat=1``) as one entry."""
+    seconds = [r["runs"][0] for r in runs]
+    s = statistics.median(seconds)
+    middle = runs[seconds.index(min(seconds, key=lambda x: abs(x - s)))]
+    return {"audits": runs[0]["audits"], "seconds": s, "per_min": round(runs[0]["audits"] / s * 60, 2),
+            "runs": seconds, "nodes_used": max(r["nodes_used"] for r in runs), "split": middle["split"],
+            "splits": [r["split"] for r in runs], "core_busy": [r["core_busy"][0] for r in runs]}
 
 
 def steps_per_second(pool, steps: int, threads: int) -> dict:
@@ -182,7 +260,7 @@ def example_lane(pool, rounds: int, size: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--audits", type=int, default=4)
+    ap.add_argument("--audits", type=int, default=12)
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3, help="timed audit runs per node count (the "
                     "median counts: one run's noise here is as large as the goal's margin)")
@@ -243,6 +321,7 @@ def main() -> None:
         cluster.stop()
         if args.pin:  # a cluster of its own, after the other one has stopped
             results["audits_pinned"] = pinned_audits(shared, paths, args.seeds, args.repeat)
+            results["audits_plain"] = plain_audits(paths, args.seeds, args.repeat)
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
@@ -278,6 +357,12 @@ def main() -> None:
                   f"{'/'.join(map(str, v['split']))} | "
                   f"{', '.join('/'.join(f'{c:.0%}' for c in b) for b in v['core_busy'])} |")
         print(f"\n2 nodes vs 1{how}: {results['audit_speedup_2_vs_1' + key]}x (goal >= 1.8x)\n")
+    if "audits_plain" in results:
+        plain = results["audits_plain"]
+        print(f"the same audits without Ray, one process pinned to a core, then two (a core each), "
+              f"alternating: {', '.join(map(str, plain['1 process']))} s against "
+              f"{', '.join(map(str, plain['2 processes']))} s: {plain['speedup']}x (this machine's "
+              "ceiling for the pinned figure)\n")
     print(f"| env steps ({args.steps} per lease), pool size | ms per step, one lease | steps/s, "
           "a thread per lease | vs local pool | steps/s, a lane in one call_all | vs local pool |")
     print("|---|---|---|---|---|---|")
