@@ -446,6 +446,21 @@ def test_a_plan_that_is_not_made_of_tool_calls_does_not_act():
         assert not _acts(plan, kinds), plan
 
 
+def test_answers_that_differ_in_their_numbers_are_not_a_shotgun_of_reasons(tmp_path):
+    """The structured data reasoning template on the example target acts on some seeds and
+    answers a total on others; at this probe seed two seeds' totals agreed (518.80), so every
+    total at once held the right one, and "every reason at once" rejected a sound env."""
+    from envforge.synth.families import FAMILIES
+    from envforge.synth.templates import synthesize_template
+    from envforge.targets import load_target
+
+    family = next(f for f in FAMILIES if f.name == "structured data reasoning")
+    source, _ = synthesize_template(family.name, family, load_target("example"))
+    report = audit(write_env(tmp_path / "sdr", source), settings=GateSettings(
+        probe_seed=7626456155416793269), write_report=False)
+    assert report.verdict == "accept", [f.message for f in report.findings if f.severity == "error"]
+
+
 def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():
     """The draw CI met (test_synth, 8 seeds): the shipped env's employees' names covered the 30
     seeds of 40 where the reference declines."""

@@ -1101,6 +1101,14 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     for s_, (t, vals) in said.items():
         shapes.setdefault(re.sub(r"\d+", "#", _as_if(t, vals, said[first][1])), s_)
     few = 2 * len(shapes) <= len(said)
+    # texts that differ in their numbers alone (standing as words: not an id's digits) are
+    # answers (a total, a count), where an env not about deciding got here by acting on some
+    # seeds: every answer at once names the right one wherever two seeds' answers agree, which
+    # is no shotgun of reasons
+    texts = {_as_if(t, vals, said[first][1]) for t, vals in said.values()}
+    if not _DECIDING.search(str(host.meta.get("capability") or "")) and len(
+            {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}) < len(texts):
+        return
 
     matter, paid, retried = 0, [], []
     for e in found[:8]:
