@@ -916,7 +916,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # about reading, whether to act must not be readable off the opening message
     contrast += probes.checking_reads(host, solved, kinds, bool(gathering), findings, stats)
     calls_only = probes.texts_that_matter(host, solved, kinds, findings)
-    probes.every_reason(host, solved, kinds, draws, findings)
+    probes.every_reason(host, solved, by_name, kinds, draws, findings)
     # whether to act must not be readable off the opening, for a capability about reading only:
     # elsewhere the opening may say what is asked (a close, or a question), which decides rightly
     # (tried wherever the reference checks and both acts and declines: a template rejected)

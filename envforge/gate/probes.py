@@ -520,14 +520,8 @@ def without_calls(actions: list, names) -> list:
 def _acts(actions: Any, kinds: dict) -> bool:
     """Whether a plan acts: makes a call that is neither a read nor a transfer to a human. A
     plan is env output (a drawn seed's ``solve``): what is not a tool call does not act."""
-    for a in actions if isinstance(actions, list) else []:
-        calls = a.get("tool_calls") if isinstance(a, dict) else None
-        for c in calls if isinstance(calls, list) else []:
-            f = c.get("function") if isinstance(c, dict) else None
-            name = f.get("name") if isinstance(f, dict) else None
-            if isinstance(name, str) and kinds.get(name) not in ("read", "escalation"):
-                return True
-    return False
+    return any(kinds.get(c["function"]["name"]) not in ("read", "escalation")
+               for a in (actions if isinstance(actions, list) else []) for c in _calls(a))
 
 
 def checking_reads(host, solved: list, kinds: dict, about_reading: bool, findings, stats: dict) -> list:
@@ -879,11 +873,6 @@ def _shown_value(value: Any, schema: Any, episode) -> Any:
     return value
 
 
-def _tools_by_name(host) -> dict:
-    return {t["function"]["name"]: t for t in host.meta.get("tools") or [] if isinstance(t, dict)
-            and isinstance(t.get("function"), dict)}
-
-
 def _calls(a: Any) -> list:
     """A message's well-formed tool calls (a dict with a function whose name is a string)."""
     from envforge.gate.dynamic import _call_name
@@ -931,14 +920,13 @@ def transplant(e, other, tail: list, by_name: dict, before: list | None = None) 
             for m in plan]
 
 
-def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> None:
+def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict, findings) -> None:
     """On seeds where the reference declines, its calls, then what the reference does on a seed
     where it acts (its texts and calls after its reads), its values made this seed's
     (``transplant``): carrying out a request that should be declined must not earn the full
     score, or the check before it teaches nothing."""
     from envforge.gate.dynamic import scripted
 
-    by_name = _tools_by_name(host)
     tails, tools = [], set()
     for e in acting:  # one tail per write tool
         tail = e.actions[_after_reads(e.actions, kinds):]
@@ -966,13 +954,6 @@ def act_instead(host, declining: list, acting: list, kinds: dict, findings) -> N
                      "pay, or the check before it teaches nothing.", key=("free_reward", "acting where it declines"))
 
 
-def _calls_of(plan: list) -> list:
-    """A plan's calls as (tool, its arguments in a fixed order), sorted: what it sends."""
-    from envforge.gate.dynamic import _json_args
-    return sorted((c["function"]["name"], json.dumps(_json_args(c), sort_keys=True, default=str))
-                  for a in plan for c in _calls(a))
-
-
 def _kind(plan: list, by_name: dict) -> frozenset:
     """The kind of an ending: the tools it calls, each with its arguments that choose among a few
     values (an enum of the schema, a boolean); ids, numbers and free text aside."""
@@ -990,7 +971,7 @@ def _kind(plan: list, by_name: dict) -> frozenset:
     return frozenset(out)
 
 
-def one_ending(host, acting: list, kinds: dict, rng: random.Random, findings) -> None:
+def one_ending(host, acting: list, by_name: dict, kinds: dict, rng: random.Random, findings) -> None:
     """Where a decline is itself a write, every seed writes. Between seeds where the reference
     writes, of two kinds of ending (``_kind``; neither holding the other): seed A's plan up to
     its ending, then seed B's ending (``transplant``: its values made A's); and the other way
@@ -1001,7 +982,6 @@ def one_ending(host, acting: list, kinds: dict, rng: random.Random, findings) ->
     does a seed whose plan up to its ending earns the full score alone."""
     from envforge.gate.dynamic import scripted
 
-    by_name = _tools_by_name(host)
     tails = [(e, e.actions[_after_reads(e.actions, kinds):]) for e in acting]
     of_kind: dict = {}  # kind of ending -> its seeds: 8 seeds, each kind in turn
     for e, own in tails:
@@ -1042,7 +1022,7 @@ _DECIDING = re.compile(r"refus|polic|precondition|verif|permission|eligib|compli
                        r"constraint|authori|allowed|forbid|guard", re.I)
 
 
-def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
+def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings) -> None:
     """On seeds where the reference declines (it makes no write and ends on a text), the other
     seeds' declining texts, their records' ids made this seed's, said one at a time and then all
     at once. Where one of them alone scores lower (the reason given matters) and all at once earn
@@ -1059,9 +1039,10 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     # a capability about deciding, or an env whose reference acts on some seeds and declines on
     # others (whatever it calls itself); not an env that only answers: an answer's vocabulary
     # can be as small as a count of 0 to 3, and every count at once names the right one
-    if not (_DECIDING.search(str(host.meta.get("capability") or "")) or (len(acting) >= 2 and len(found) >= 2)):
+    deciding = bool(_DECIDING.search(str(host.meta.get("capability") or "")))
+    if not (deciding or (len(acting) >= 2 and len(found) >= 2)):
         return
-    one_ending(host, acting, kinds, random.Random(f"one ending {draws.probe_seed}"), findings)
+    one_ending(host, acting, by_name, kinds, random.Random(f"one ending {draws.probe_seed}"), findings)
     rng = random.Random(f"every reason {draws.probe_seed}")  # a stream of its own: the other draws stay
     for _ in range(32):  # a few refusals among many seeds, each reason on few: more seeds, drawn
         if len(found) >= 16 or not found:
@@ -1074,7 +1055,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions)),
                      _call_values(e.actions)) for e in found}
     refusal_instead(host, acting[:8], said, kinds, rng, findings)
-    act_instead(host, found[:8], acting, kinds, findings)
+    act_instead(host, found[:8], acting, by_name, kinds, findings)
     by_seed = {e.seed: e for e in found}
 
     def instead(e, text: str, label: str, then: str | None = None):
@@ -1106,7 +1087,7 @@ def every_reason(host, solved: list, kinds: dict, draws, findings) -> None:
     # seeds: every answer at once names the right one wherever two seeds' answers agree, which
     # is no shotgun of reasons
     texts = {_as_if(t, vals, said[first][1]) for t, vals in said.values()}
-    if not _DECIDING.search(str(host.meta.get("capability") or "")) and len(
+    if not deciding and len(
             {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}) < len(texts):
         return
 
