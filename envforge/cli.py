@@ -829,7 +829,8 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
 @click.option("--out", "out_dir", default="demo_out", show_default=True,
               help="Folder for results.json, report.html, figures, the model, envs and adapters. "
                    "A run of the same settings there is resumed (its base agent kept, its adapters' "
-                   "training resumed); one of other settings is replaced.")
+                   "training resumed); one of other settings is replaced, keeping its base agent where only "
+                   "--quick or what comes after the base agent differs.")
 @option(DemoConfig, "quick", is_flag=True)
 @option(DemoConfig, "threads")
 @option(DemoConfig, "device")

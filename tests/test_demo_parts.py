@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -573,7 +574,8 @@ def test_a_copy_warm_up_that_never_began_to_learn_starts_again_from_another_init
 
 def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_path, monkeypatch):
     """The base agent a run made is kept by the next run of the same settings (after a crash or
-    Ctrl-C later on); a base stage cut short is made again; a run of other settings starts afresh.
+    Ctrl-C later on) and by one that differs only after it (--quick against the full run); a
+    base stage cut short is made again; a run of other settings starts afresh.
     (The base agent and everything after it are stand-ins here: the test is about the state.)"""
     import trainers.policy
     from envforge.demo import run
@@ -623,11 +625,25 @@ def test_a_demo_run_resumes_where_an_earlier_one_of_its_settings_stopped(tmp_pat
     moved.pool_size, moved.backend = 2, "process"
     go(moved)
     assert made == [3, 3]
+    (out / "results.json").write_text("{}")
+    full = DemoConfig.for_run(seed=3)  # the full run after --quick: the same base agent, trained more
+    full.pool_size, full.backend = 1, "process"
+    said.clear()
+    go(full)
+    assert made == [3, 3] and (out / "base_model" / "weights").read_text() == "3"
+    assert not (out / "results.json").exists()  # the --quick run's results are not the full run's
+    assert any("same base agent" in s for s in said)
+    state = json.loads((out / run.STATE).read_text())
+    assert state["config"]["quick"] is False and list(state["done"]) == ["base"]
+    deficits = DemoConfig.for_run(seed=3)  # a setting the base agent depends on: made again
+    deficits.pool_size, deficits.backend, deficits.deficit_rate = 1, "process", 0.5
+    go(deficits)
+    assert made == [3, 3, 3]
     other = DemoConfig.for_run(seed=4, quick=True)
     other.pool_size, other.backend = 1, "process"
     (out / "results.json").write_text("{}")  # what the earlier run wrote goes
     go(other)
-    assert made == [3, 3, 4] and not (out / "results.json").exists()
+    assert made == [3, 3, 3, 4] and not (out / "results.json").exists()
     assert any("other settings" in s for s in said)
     assert (out / "base_model" / "weights").read_text() == "4"
 
@@ -723,3 +739,18 @@ def test_an_adapter_that_fails_closes_the_baselines_budget(tmp_path):
               tmp_path / "grpo_target", Tracker())
     assert RolloutBudget(tmp_path / "grpo_target" / "budget.json")() == (0, True)
     assert (tmp_path / "adapters" / "env" / "adapter_model.safetensors").is_file()
+
+
+def test_the_settings_kept_aside_for_the_base_agent_are_not_read_while_it_is_made():
+    """A run that differs from an earlier one only in ``AFTER_BASE``'s fields keeps its base
+    agent: none of them may be read by the code that makes it."""
+    import inspect
+
+    from envforge.demo import run
+    from envforge.demo.config import DemoConfig
+    fields = set(DemoConfig.__dataclass_fields__)
+    assert set(run.AFTER_BASE) <= fields
+    source = "".join(inspect.getsource(f) for f in (run.make_base, run.warm_up, run.play_expert))
+    used = set(re.findall(r"\bcfg\.(\w+)", source))
+    assert used and used <= fields
+    assert not used & set(run.AFTER_BASE), used & set(run.AFTER_BASE)

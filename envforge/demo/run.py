@@ -640,11 +640,17 @@ def resume(out: Path, cfg: DemoConfig, progress: Tracker) -> dict:
         if state.get("done"):
             progress.say(f"resuming the run in {out}: {', '.join(state['done'])} done")
         return dict(state.get("done") or {})
-    if any((out / name).exists() for name in OUTPUTS + (STATE,)):
+    keep = {}
+    base = state.get("done", {}).get("base") if isinstance(state, dict) and isinstance(state.get("done"), dict) else None
+    if base and same_settings(state.get("config"), cfg, AFTER_BASE):
+        keep = {"base": base}
+        progress.say(f"{out} holds a demo run of other settings but the same base agent (--quick or "
+                     "the budgets after it differ): keeping the base agent, starting the rest afresh")
+    elif any((out / name).exists() for name in OUTPUTS + (STATE,)):
         progress.say(f"{out} holds a demo run of other settings: starting afresh")
-    clean(out)
-    mark_done(out, cfg, {}, None, None, None)
-    return {}
+    clean(out, keep=("base_model",) if keep else ())
+    mark_done(out, cfg, keep, None, None, None)
+    return keep
 
 
 #: what a run may change and still resume: where it runs (a base agent made on a GPU is a
@@ -652,12 +658,21 @@ def resume(out: Path, cfg: DemoConfig, progress: Tracker) -> dict:
 WHERE = ("device", "threads", "backend", "pool_size")
 
 
-def same_settings(recorded, cfg: DemoConfig) -> bool:
-    """Whether a state file's config (``recorded``) is ``cfg``'s, where the run is made aside."""
+#: settings the base agent does not depend on (what it is trained and evaluated with after it):
+#: a run that changes only these (``--quick`` against the full run) keeps the base agent an
+#: earlier run made; a field missing here only costs that reuse
+AFTER_BASE = ("quick", "temperature", "top_p", "identify_tasks", "iterations", "grpo_lr", "lora_rank",
+              "max_new_tokens", "calibration_groups", "eval_tasks")
+
+
+def same_settings(recorded, cfg: DemoConfig, aside: tuple[str, ...] = ()) -> bool:
+    """Whether a state file's config (``recorded``) is ``cfg``'s, where the run is made (and
+    ``aside``'s fields) aside."""
     if not isinstance(recorded, dict):
         return False
+    skip = set(WHERE) | set(aside)
     now = asdict(cfg)
-    return {k: v for k, v in recorded.items() if k not in WHERE} == {k: v for k, v in now.items() if k not in WHERE}
+    return {k: v for k, v in recorded.items() if k not in skip} == {k: v for k, v in now.items() if k not in skip}
 
 
 def mark_done(out: Path, cfg: DemoConfig, done: dict, stage: str | None, result, seconds) -> None:
@@ -674,9 +689,11 @@ OUTPUTS = ("helpdesk", "target", "practice", "base_model", "envs", "adapters", "
            "figures", "logs")
 
 
-def clean(out: Path) -> None:
-    """Remove what a previous demo run left in ``out`` (its outputs and state file)."""
+def clean(out: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove what a previous demo run left in ``out`` (its outputs and state file), but ``keep``."""
     for name in OUTPUTS + (STATE,):
+        if name in keep:
+            continue
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)
