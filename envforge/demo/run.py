@@ -499,9 +499,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     model_dir = out / "base_model"
     with EnvFactory(target, size=cfg.pool_size, backend=cfg.backend) as factory:
         # 2. the base agent
-        if "base" in done:  # an earlier run of these settings made it (see ``resume``)
+        if "base" in done:  # an earlier run of the same base settings made it (see ``resume``)
             results["base_agent"], stages["base"] = done["base"]["result"], done["base"]["seconds"]
-            progress.say(f"base: the base agent an earlier run made in {out} (same settings; "
+            progress.say(f"base: the base agent an earlier run made in {out} (the same settings for it; "
                          "--fresh starts over)")
         else:
             with timed("base"):  # taught on practice tasks, wider than the target's (see envsrc/target.py)
