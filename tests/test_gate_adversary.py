@@ -472,11 +472,11 @@ def test_the_shipped_env_is_not_rejected_for_the_names_in_its_openings():
     assert "decision_words" not in report.stats
 
 
-def decline_by_write(pays: str) -> str:
+def decline_by_write(pays: str, right: str = 'said == [sc["blocker"]]') -> str:
     """The good env where a decline is itself a write: the reference closes the request's ticket,
     its resolution naming the failed check (a text naming it no longer ends the episode). A close
-    of the request's ticket is a right decline where ``pays`` holds (sc: the task, said: the
-    resolution's claims)."""
+    of the request's ticket is a decline where ``pays`` holds, and a right one where ``right``
+    does (sc: the task, said: the resolution's claims)."""
     from tests.envfactory import good_source
 
     src = good_source()
@@ -489,8 +489,8 @@ def decline_by_write(pays: str) -> str:
             if ticket["ticket_id"] == sc["ticket_id"] and (%s):
                 ticket["resolution"] = args["resolution"]
                 return "Ticket {} closed as declined.".format(ticket["ticket_id"]), (
-                    "refused" if said == [sc["blocker"]] or (said and not sc["blocker"]) else "wrong")
-            if ticket["status"] in ("closed", "cancelled"):""" % pays),
+                    "refused" if (%s) or (said and not sc["blocker"]) else "wrong")
+            if ticket["status"] in ("closed", "cancelled"):""" % (pays, right)),
         ('''            if claims == [self._sc["blocker"]]:
                 return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
             # a wrong reason ends it: a guess retried turn after turn must not earn a right refusal
@@ -518,6 +518,24 @@ def test_a_decline_recorded_as_a_write_that_pays_everywhere_is_rejected(tmp_path
     contrast (the fifth red team's; each seed's ending tried on the others catches it)."""
     assert_rejected(tmp_path, "decline_write_everywhere", decline_by_write(
         'sc["blocker"] or said'), "free_reward", "another seed's kind of ending")
+
+
+@pytest.mark.parametrize("name, right, called", [
+    ("every_reason", 'sc["blocker"] in said', None),
+    ("two_reasons_at_most", 'sc["blocker"] in said and len(said) <= 2', None),
+    ("under_another_name", 'sc["blocker"] in said', "ticket handling"),
+])
+def test_a_decline_recorded_as_a_write_that_names_other_reasons_too_is_rejected(tmp_path, name, right, called):
+    """A close whose resolution names the right check among others pays: the agent learns to
+    write every reason there is (before, only a declining text was tried so, and a decline
+    that is a write has none). Also where at most two reasons pay (every reason at once does
+    not), and where the env is not called a capability about deciding (the probes about the
+    decision are not run there)."""
+    src = decline_by_write('sc["blocker"]', right)
+    if called:
+        assert src.count('CAPABILITY = "precondition verification"') == 1
+        src = src.replace('CAPABILITY = "precondition verification"', f'CAPABILITY = "{called}"')
+    assert_rejected(tmp_path, "decline_write_" + name, src, "free_reward", "every reason at once pays")
 
 
 # A second red team (2026-11-27) wrote envs the gate accepted; the holes, closed in general,

@@ -1017,6 +1017,78 @@ def one_ending(host, acting: list, by_name: dict, kinds: dict, rng: random.Rando
                      "learns it in place of the decision.", key=("free_reward", "one ending everywhere"))
 
 
+def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: random.Random, findings) -> None:
+    """Where a decline is itself a write (a close whose resolution names the failed check), its
+    reason is a free-text argument of a call after the reads, not a text (``every_reason``'s
+    side). For each such argument (2 words or more, not an enum) whose values on 3 seeds or more
+    are a small vocabulary (their shapes, ids and digits aside, repeat; not answers that differ
+    in a number alone): on up to 8 seeds, up to 4 other seeds' values (their records' values
+    made this seed's) sent one at a time in place of this seed's; where one of them scores
+    lower (the reason written matters), all of them at once, then this seed's own with such a
+    wrong one beside it, either way round. The full score on 2 seeds or more (a quarter of those
+    where the reason matters) means the env credits a decline whenever the right reason is among
+    those written: the agent learns to write every reason there is."""
+    from envforge.gate.dynamic import _json_args, _properties, scripted
+
+    slots: dict = {}  # (tool, argument) -> {seed: (episode, action, call, text)}: a seed's first
+    for e in acting:
+        for i in range(_after_reads(e.actions, kinds), len(e.actions)):
+            for j, c in enumerate(_calls(e.actions[i])):
+                name = c["function"]["name"]
+                props = _properties(by_name, name)
+                for k, v in (_json_args(c) or {}).items():
+                    enum = isinstance(props.get(k), dict) and isinstance(props[k].get("enum"), list)
+                    if isinstance(v, str) and len(v.split()) >= 2 and not enum:
+                        slots.setdefault((name, k), {}).setdefault(e.seed, (e, i, j, v))
+
+    def values(e, i: int, name: str, k: str) -> dict:
+        """The record values this seed's plan sent up to its write, the write's own arguments
+        too (an id only the close sends), but the text itself."""
+        return {key: v for key, v in _call_values(e.actions[:i + 1]).items() if key[:2] != (name, k)}
+
+    def written(e, i: int, j: int, k: str, text: str, label: str):
+        plan = list(e.actions)
+        calls = _calls(plan[i])  # the well-formed calls, as the slot counted them
+        args = dict(_json_args(calls[j]) or {}, **{k: text})
+        calls = calls[:j] + [tool_call(calls[j]["function"]["name"], args, calls[j].get("id", "call_0"))] + calls[j + 1:]
+        plan[i] = assistant(plan[i].get("content"), calls)
+        return host.episode("a", e.seed, scripted(plan), label)
+
+    usable = []
+    for (name, k), by_seed in slots.items():
+        vals = {s: values(e, i, name, k) for s, (e, i, _, _) in by_seed.items()}
+        first = next(iter(by_seed))
+        texts = {_as_if(t, vals[s], vals[first], whole=True) for s, (_, _, _, t) in by_seed.items()}
+        numbers = {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}
+        if len(by_seed) >= 3 and len(texts) >= 2 and 2 * len({re.sub(r"\d+", "#", t) for t in texts}) <= len(by_seed) \
+                and len(numbers) == len(texts):  # a vocabulary, not notes; not answers differing in a number
+            usable.append((len(by_seed), name, k, by_seed, vals))
+    for _, name, k, by_seed, vals in sorted(usable, key=lambda u: -u[0])[:3]:
+        matter, paid = 0, []
+        for s, (e, i, j, own) in list(by_seed.items())[:8]:
+            others = list(dict.fromkeys(_as_if(t, vals[o], vals[s], whole=True)
+                                        for o, (_, _, _, t) in by_seed.items() if o != s))
+            if len(others) < 2:
+                continue
+            rng.shuffle(others)
+            wrong = next((t for t in others[:4] if not as_good(e, written(e, i, j, k, t, "another seed's reason written"))), None)
+            if wrong is None:
+                continue
+            matter += 1
+            if any(as_good(e, written(e, i, j, k, t, label)) for t, label in [
+                    (" ".join(others), "every reason written at once"),
+                    (own + " " + wrong, "its reason and a wrong one"), (wrong + " " + own, "a wrong reason and its own")]):
+                paid.append(s)
+        if often(paid, matter):
+            findings.add("free_reward", f"a write whose {k!r} argument ({name}) holds other reasons beside the "
+                         f"right one (every other seed's value of it at once, or one wrong one beside its own) "
+                         f"earns the full score on {len(paid)} of {matter} seeds where a wrong one alone scores "
+                         f"lower (e.g. seed {paid[0]}): every reason at once pays; credit a decline only for "
+                         "the reason that holds, or the agent learns to write them all.",
+                         key=("free_reward", "every reason written"))
+            return
+
+
 #: capabilities about deciding whether to act (where a declining text gives a reason)
 _DECIDING = re.compile(r"refus|polic|precondition|verif|permission|eligib|complian|rule|safety|declin|"
                        r"constraint|authori|allowed|forbid|guard", re.I)
@@ -1040,6 +1112,9 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     # others (whatever it calls itself); not an env that only answers: an answer's vocabulary
     # can be as small as a count of 0 to 3, and every count at once names the right one
     deciding = bool(_DECIDING.search(str(host.meta.get("capability") or "")))
+    # a decline written into a record is judged whatever the env calls itself: such an env has
+    # no declining text, so the condition below would leave it out
+    every_reason_written(host, acting, by_name, kinds, random.Random(f"reasons written {draws.probe_seed}"), findings)
     if not (deciding or (len(acting) >= 2 and len(found) >= 2)):
         return
     one_ending(host, acting, by_name, kinds, random.Random(f"one ending {draws.probe_seed}"), findings)
