@@ -520,21 +520,50 @@ def test_a_decline_recorded_as_a_write_that_pays_everywhere_is_rejected(tmp_path
         'sc["blocker"] or said'), "free_reward", "another seed's kind of ending")
 
 
-@pytest.mark.parametrize("name, right, called", [
-    ("every_reason", 'sc["blocker"] in said', None),
-    ("two_reasons_at_most", 'sc["blocker"] in said and len(said) <= 2', None),
-    ("under_another_name", 'sc["blocker"] in said', "ticket handling"),
-])
-def test_a_decline_recorded_as_a_write_that_names_other_reasons_too_is_rejected(tmp_path, name, right, called):
-    """A close whose resolution names the right check among others pays: the agent learns to
-    write every reason there is (before, only a declining text was tried so, and a decline
-    that is a write has none). Also where at most two reasons pay (every reason at once does
-    not), and where the env is not called a capability about deciding (the probes about the
-    decision are not run there)."""
+DECLINE_WRITE = """json.dumps({"ticket_id": tid, "resolution": say[sc["blocker"]]})"""
+# ways to write every reason that pays, each beside the plain one (the right check among the
+# claims): a red team's, read from the probe (2026-12-07), written again here
+WRITTEN_SHOTGUNS = {
+    "every_reason": ('sc["blocker"] in said', []),
+    "two_reasons_at_most": ('sc["blocker"] in said and len(said) <= 2', []),
+    "under_another_name": ('sc["blocker"] in said', [
+        ('CAPABILITY = "precondition verification"', 'CAPABILITY = "ticket handling"')]),
+    # at most two sentences: every reason whole is refused, every reason cut short is not
+    "two_sentences_at_most": ('sc["blocker"] in said', [
+        ("""        if name == "close_ticket":
+            ticket = w["tickets"].get(args["ticket_id"])""",
+         """        if name == "close_ticket":
+            if len([x for x in re.split(r"(?<=[.!?])\\s+", args["resolution"].strip()) if x]) > 2:
+                return "Error: the resolution must be one or two sentences.", None
+            ticket = w["tickets"].get(args["ticket_id"])""")]),
+    # the reason in a list of tags, not in a text
+    "tags": ('sc["blocker"] in said', [
+        ("  resolution naming the check that failed and what to do next.",
+         "  resolution naming the check that failed and what to do next, tagged with the failed\n"
+         "  check's code: 'status', 'owner', 'approval' or 'overdue'."),
+        ("""said = [c for c, pattern in CLAIMS if re.search(pattern, args["resolution"].lower())]""",
+         """said = [c for c, _ in CLAIMS if c in (args.get("tags") or [])]"""),
+        (DECLINE_WRITE, """json.dumps({"ticket_id": tid, "resolution": say[sc["blocker"]],
+                                         "tags": ["declined", sc["blocker"]]})""")]),
+    # the ticket's number alone in each resolution: two seeds' reasons differ in a number only
+    "ticket_number_in_it": ('sc["blocker"] in said', [
+        (DECLINE_WRITE, """json.dumps({"ticket_id": tid, "resolution": "Declined, ref {}: {}".format(
+                    tid.split("-")[-1], say[sc["blocker"]])})""")]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITTEN_SHOTGUNS))
+def test_a_decline_recorded_as_a_write_that_names_other_reasons_too_is_rejected(tmp_path, name):
+    """A close whose record names the right check among others pays: the agent learns to write
+    every reason there is (before, only a declining text was tried so, and a decline that is a
+    write has none). Also where at most two reasons or two sentences pay, where the reasons are
+    tags, where each resolution holds the ticket's number, and where the env is not called a
+    capability about deciding."""
+    right, edits = WRITTEN_SHOTGUNS[name]
     src = decline_by_write('sc["blocker"]', right)
-    if called:
-        assert src.count('CAPABILITY = "precondition verification"') == 1
-        src = src.replace('CAPABILITY = "precondition verification"', f'CAPABILITY = "{called}"')
+    for old, new in edits:
+        assert src.count(old) == 1, f"the env no longer holds {old!r}; update this attack"
+        src = src.replace(old, new)
     assert_rejected(tmp_path, "decline_write_" + name, src, "free_reward", "every reason at once pays")
 
 

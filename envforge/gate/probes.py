@@ -1019,37 +1019,61 @@ def one_ending(host, acting: list, by_name: dict, kinds: dict, rng: random.Rando
 
 def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: random.Random, findings) -> None:
     """Where a decline is itself a write (a close whose resolution names the failed check), its
-    reason is a free-text argument of a call after the reads, not a text (``every_reason``'s
-    side). For each such argument (2 words or more, not an enum) whose values on 3 seeds or more
-    are a small vocabulary (their shapes, ids and digits aside, repeat; not answers that differ
-    in a number alone): on up to 8 seeds, up to 4 other seeds' values (their records' values
-    made this seed's) sent one at a time in place of this seed's; where one of them scores
-    lower (the reason written matters), all of them at once, then this seed's own with such a
-    wrong one beside it, either way round. The full score on 2 seeds or more (a quarter of those
-    where the reason matters) means the env credits a decline whenever the right reason is among
-    those written: the agent learns to write every reason there is."""
+    reason is an argument of a call after the reads, not a text (``every_reason``'s side): a
+    free text (2 words or more, not an enum) or a list of strings (tags). For each such argument
+    whose values on 3 seeds or more are a small vocabulary (their shapes, ids and digits aside,
+    repeat; not answers that differ in a number alone): on up to 8 seeds, up to 4 other seeds'
+    values (their records' values made this seed's, an id's number standing alone too) sent one
+    at a time in place of this seed's; where one of them scores lower (the reason written
+    matters), all of them at once, then this seed's own with such a wrong one beside it, either
+    way round, then (a text) each reason cut to its shortest piece that pays on its own seed,
+    in one sentence. The full score on 2 seeds or more (a quarter of those where the reason
+    matters) means the env credits a decline whenever the right reason is among those written:
+    the agent learns to write every reason there is."""
     from envforge.gate.dynamic import _json_args, _properties, scripted
 
-    slots: dict = {}  # (tool, argument) -> {seed: (episode, action, call, text)}: a seed's first
+    def reason_like(v: Any, schema: Any) -> bool:
+        if isinstance(v, list):
+            return bool(v) and all(isinstance(x, str) and x.strip() for x in v)
+        enum = isinstance(schema, dict) and isinstance(schema.get("enum"), list)
+        return isinstance(v, str) and len(v.split()) >= 2 and not enum
+
+    slots: dict = {}  # (tool, argument) -> {seed: (episode, action, call, value)}: a seed's first
     for e in acting:
         for i in range(_after_reads(e.actions, kinds), len(e.actions)):
             for j, c in enumerate(_calls(e.actions[i])):
                 name = c["function"]["name"]
                 props = _properties(by_name, name)
                 for k, v in (_json_args(c) or {}).items():
-                    enum = isinstance(props.get(k), dict) and isinstance(props[k].get("enum"), list)
-                    if isinstance(v, str) and len(v.split()) >= 2 and not enum:
+                    if reason_like(v, props.get(k)):
                         slots.setdefault((name, k), {}).setdefault(e.seed, (e, i, j, v))
 
     def values(e, i: int, name: str, k: str) -> dict:
         """The record values this seed's plan sent up to its write, the write's own arguments
-        too (an id only the close sends), but the text itself."""
-        return {key: v for key, v in _call_values(e.actions[:i + 1]).items() if key[:2] != (name, k)}
+        too (an id only the close sends), but the reason itself; an id's number also alone
+        (TCK-48213's 48213, as a text may give it)."""
+        out = {}
+        for key, v in _call_values(e.actions[:i + 1]).items():
+            if key[:2] != (name, k):
+                out[key] = v
+                m = re.fullmatch(r"[A-Za-z]+[-_ #]?0*(\d{3,})", v)
+                if m:
+                    out[key + ("number",)] = m.group(1)
+        return out
 
-    def written(e, i: int, j: int, k: str, text: str, label: str):
+    def mapped(v: Any, theirs: dict, mine: dict) -> Any:
+        return [_as_if(x, theirs, mine, whole=True) for x in v] if isinstance(v, list) else \
+            _as_if(v, theirs, mine, whole=True)
+
+    def joined(vs: list) -> Any:
+        if isinstance(vs[0], list):
+            return list(dict.fromkeys(x for v in vs for x in v))
+        return " ".join(vs)
+
+    def written(e, i: int, j: int, k: str, value: Any, label: str):
         plan = list(e.actions)
         calls = _calls(plan[i])  # the well-formed calls, as the slot counted them
-        args = dict(_json_args(calls[j]) or {}, **{k: text})
+        args = dict(_json_args(calls[j]) or {}, **{k: value})
         calls = calls[:j] + [tool_call(calls[j]["function"]["name"], args, calls[j].get("id", "call_0"))] + calls[j + 1:]
         plan[i] = assistant(plan[i].get("content"), calls)
         return host.episode("a", e.seed, scripted(plan), label)
@@ -1058,33 +1082,50 @@ def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: ra
     for (name, k), by_seed in slots.items():
         vals = {s: values(e, i, name, k) for s, (e, i, _, _) in by_seed.items()}
         first = next(iter(by_seed))
-        texts = {_as_if(t, vals[s], vals[first], whole=True) for s, (_, _, _, t) in by_seed.items()}
+        texts = {json.dumps(mapped(t, vals[s], vals[first])) for s, (_, _, _, t) in by_seed.items()}
         numbers = {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}
         if len(by_seed) >= 3 and len(texts) >= 2 and 2 * len({re.sub(r"\d+", "#", t) for t in texts}) <= len(by_seed) \
                 and len(numbers) == len(texts):  # a vocabulary, not notes; not answers differing in a number
             usable.append((len(by_seed), name, k, by_seed, vals))
     for _, name, k, by_seed, vals in sorted(usable, key=lambda u: -u[0])[:3]:
+        shortest: dict = {}  # seed -> its text's shortest piece that earns its full score
+
+        def short(o):
+            if o not in shortest:
+                eo, io, jo, to = by_seed[o]
+                shortest[o] = _shortest(to, lambda t: as_good(eo, written(eo, io, jo, k, t, "its reason alone")))
+            return shortest[o]
         matter, paid = 0, []
         for s, (e, i, j, own) in list(by_seed.items())[:8]:
-            others = list(dict.fromkeys(_as_if(t, vals[o], vals[s], whole=True)
-                                        for o, (_, _, _, t) in by_seed.items() if o != s))
+            others = {}  # another seed's value, made this seed's -> that seed
+            for o, (_, _, _, t) in by_seed.items():
+                if o != s:
+                    others.setdefault(json.dumps(mapped(t, vals[o], vals[s])), (o, mapped(t, vals[o], vals[s])))
             if len(others) < 2:
                 continue
-            rng.shuffle(others)
-            wrong = next((t for t in others[:4] if not as_good(e, written(e, i, j, k, t, "another seed's reason written"))), None)
+            order = list(others.values())
+            rng.shuffle(order)
+            wrong = next(((o, t) for o, t in order[:4] if not as_good(e, written(e, i, j, k, t, "another seed's reason written"))), None)
             if wrong is None:
                 continue
             matter += 1
-            if any(as_good(e, written(e, i, j, k, t, label)) for t, label in [
-                    (" ".join(others), "every reason written at once"),
-                    (own + " " + wrong, "its reason and a wrong one"), (wrong + " " + own, "a wrong reason and its own")]):
+            tries = [(joined([t for _, t in order]), "every reason written at once"),
+                     (joined([own, wrong[1]]), "its reason and a wrong one"),
+                     (joined([wrong[1], own]), "a wrong reason and its own")]
+            if any(as_good(e, written(e, i, j, k, t, label)) for t, label in tries):
                 paid.append(s)
+            elif isinstance(own, str) and matter <= 4:  # a reward that pays only short texts
+                pieces = [short(s)] + [mapped(short(o), vals[o], vals[s]) for o, _ in order[:3]]
+                brief = list(dict.fromkeys(p for p in pieces if p))
+                rng.shuffle(brief)
+                if len(brief) > 1 and as_good(e, written(e, i, j, k, ", ".join(brief) + ".", "every reason, briefly")):
+                    paid.append(s)
         if often(paid, matter):
             findings.add("free_reward", f"a write whose {k!r} argument ({name}) holds other reasons beside the "
-                         f"right one (every other seed's value of it at once, or one wrong one beside its own) "
-                         f"earns the full score on {len(paid)} of {matter} seeds where a wrong one alone scores "
-                         f"lower (e.g. seed {paid[0]}): every reason at once pays; credit a decline only for "
-                         "the reason that holds, or the agent learns to write them all.",
+                         f"right one (every other seed's value of it at once, one wrong one beside its own, or "
+                         f"each cut short in one sentence) earns the full score on {len(paid)} of {matter} seeds "
+                         f"where a wrong one alone scores lower (e.g. seed {paid[0]}): every reason at once pays; "
+                         "credit a decline only for the reason that holds, or the agent learns to write them all.",
                          key=("free_reward", "every reason written"))
             return
 
