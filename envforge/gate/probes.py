@@ -1017,6 +1017,11 @@ def one_ending(host, acting: list, by_name: dict, kinds: dict, rng: random.Rando
                      "learns it in place of the decision.", key=("free_reward", "one ending everywhere"))
 
 
+#: a number standing as a word (an amount, a count), not an id's digits: texts that differ in
+#: these alone are answers, not a vocabulary of reasons
+_NUMBER = re.compile(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])")
+
+
 def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: random.Random, findings) -> None:
     """Where a decline is itself a write (a close whose resolution names the failed check), its
     reason is an argument of a call after the reads, not a text (``every_reason``'s side): a
@@ -1083,7 +1088,7 @@ def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: ra
         vals = {s: values(e, i, name, k) for s, (e, i, _, _) in by_seed.items()}
         first = next(iter(by_seed))
         texts = {json.dumps(mapped(t, vals[s], vals[first])) for s, (_, _, _, t) in by_seed.items()}
-        numbers = {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}
+        numbers = {_NUMBER.sub("#", t) for t in texts}
         if len(by_seed) >= 3 and len(texts) >= 2 and 2 * len({re.sub(r"\d+", "#", t) for t in texts}) <= len(by_seed) \
                 and len(numbers) == len(texts):  # a vocabulary, not notes; not answers differing in a number
             usable.append((len(by_seed), name, k, by_seed, vals))
@@ -1100,7 +1105,8 @@ def every_reason_written(host, acting: list, by_name: dict, kinds: dict, rng: ra
             others = {}  # another seed's value, made this seed's -> that seed
             for o, (_, _, _, t) in by_seed.items():
                 if o != s:
-                    others.setdefault(json.dumps(mapped(t, vals[o], vals[s])), (o, mapped(t, vals[o], vals[s])))
+                    m = mapped(t, vals[o], vals[s])
+                    others.setdefault(json.dumps(m), (o, m))
             if len(others) < 2:
                 continue
             order = list(others.values())
@@ -1204,7 +1210,7 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     # is no shotgun of reasons
     texts = {_as_if(t, vals, said[first][1]) for t, vals in said.values()}
     if not deciding and len(
-            {re.sub(r"(?<![\w.-])\d+(?:[.,]\d+)*(?![\w-])", "#", t) for t in texts}) < len(texts):
+            {_NUMBER.sub("#", t) for t in texts}) < len(texts):
         return
 
     matter, paid, retried = 0, [], []
