@@ -58,14 +58,13 @@ POLICY_LINES = [
 ]
 
 
-def policy_variant(rng: random.Random, noise: float = 0.5, distractors: list[str] = (),
-                   most: int = len(POLICY_LINES)) -> str:
-    """A random selection of 1 to ``most`` of ``POLICY_LINES``, in random order, one per line;
+def policy_variant(rng: random.Random, noise: float = 0.5, distractors: list[str] = ()) -> str:
+    """A random selection of ``POLICY_LINES``, in random order, one per line;
     with probability ``noise`` a line or two join them that must not change what the agent does:
     made-up words (the tokenizer has never seen them) or one of ``distractors`` (the demo passes
     the router's capability lines: a policy may talk about skills without the agent being asked
     to route)."""
-    lines = rng.sample(POLICY_LINES, rng.randint(1, max(1, min(most, len(POLICY_LINES)))))
+    lines = rng.sample(POLICY_LINES, rng.randint(1, len(POLICY_LINES)))
     if rng.random() < noise:
         for _ in range(rng.randint(1, 2)):
             if distractors and rng.random() < 0.5:

@@ -277,7 +277,7 @@ def family_of(name: str) -> str | None:
 def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None):
     from trainers.grpo_config import GRPOConfig
     return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr,
-                      lora_rank=cfg.lora_rank,
+                      lora_rank=cfg.lora_rank, kl_coef=cfg.kl_coef,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed, threads=cfg.threads, device=cfg.device, backend=cfg.backend,
                       temperature=cfg.temperature, top_p=cfg.top_p,
@@ -662,7 +662,7 @@ WHERE = ("device", "threads", "backend", "pool_size")
 #: a run that changes only these (``--quick`` against the full run) keeps the base agent an
 #: earlier run made; a field missing here only costs that reuse
 AFTER_BASE = ("quick", "temperature", "top_p", "identify_tasks", "iterations", "grpo_lr", "lora_rank",
-              "max_new_tokens", "calibration_groups", "eval_tasks")
+              "kl_coef", "max_new_tokens", "calibration_groups", "eval_tasks")
 
 
 def same_settings(recorded, cfg: DemoConfig, aside: tuple[str, ...] = ()) -> bool:
