@@ -522,17 +522,19 @@ def test_the_losses_compute_the_vocabulary_where_they_are_scored_alone_and_are_t
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, len(tok), (3, 9), generator=g)
     attn = torch.ones_like(ids)
-    attn[2, 6:] = 0  # a padded row
-    mask = torch.zeros((3, 9))
+    attn[2, 6:] = 0  # row 2 is padded after its trained tokens
+    mask = torch.zeros((4, 9))
     mask[0, 3:6] = 1
-    mask[1, 8] = 1
-    mask[1, 1] = 1  # row 2: nothing trained
+    mask[1, 1] = mask[1, 8] = 1
+    mask[2, 4:6] = 1  # row 3: nothing trained
+    ids, attn = torch.cat([ids, ids[:1]]), torch.cat([attn, attn[:1]])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         full = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
         assert torch.allclose(agent.masked_loss(model, ids, attn, mask), full, atol=1e-5)
-        assert float(agent.masked_loss(model, ids, attn, torch.zeros_like(mask))) == 0.0
+    empty = agent.masked_loss(model, ids, attn, torch.zeros_like(mask))
+    assert float(empty.detach()) == 0.0 and empty.requires_grad  # a batch with nothing trained still steps
     task, sent = agent.CopyTask(tok, 3, 4, {"status": ["active", "closed"]}), []
     real = model.forward
 
@@ -704,13 +706,14 @@ def test_quick_trains_the_full_runs_base_agent_less():
 def test_every_grpo_run_of_the_demo_is_held_to_the_base_agent():
     """The adapters and GRPO on the target train with the same KL to the base agent (the demo's
     kl_coef, on by default: without it the confirmation adapter's text came apart on the target)."""
+    from dataclasses import replace
+
     from envforge.demo.config import DemoConfig
     from envforge.demo.run import grpo_config
     for quick in (False, True):
         cfg = DemoConfig.for_run(seed=1, quick=quick)
         assert grpo_config(cfg, 3).kl_coef == grpo_config(cfg, 9, 100).kl_coef == cfg.kl_coef > 0
-    cfg.kl_coef = 0.3
-    assert grpo_config(cfg, 3).kl_coef == 0.3
+    assert grpo_config(replace(cfg, kl_coef=0.3), 3).kl_coef == 0.3
 
 
 def test_the_base_agent_gets_the_cores_the_parallel_stages_use(monkeypatch):

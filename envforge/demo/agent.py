@@ -235,7 +235,7 @@ def pretrain_copy(model, tokenizer, *, steps: int = 500, max_steps: int | None =
 
 
 def masked_loss(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The mean next-token cross-entropy of the tokens where ``mask`` ([B, T]) is 1, the
+    """The mean next-token cross-entropy of the tokens where ``mask`` ([B, T], 0 or 1) is 1, the
     vocabulary's logits computed where those tokens are predicted alone (``kept_logits``; a
     quarter less time a step on a CPU: 21 of an example's 254 tokens are trained)."""
     from trainers.grpo import kept_logits
