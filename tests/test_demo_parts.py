@@ -508,51 +508,6 @@ def test_copy_warm_up_checks_every_kind_and_goes_on_until_learnt(tmp_path, monke
     assert model.training and task.turn == 0 and set(losses) == {"id", "status", "resolution"}
 
 
-def test_the_losses_compute_the_vocabulary_where_they_are_scored_alone_and_are_the_full_ones(tmp_path):
-    """SFT's masked_loss (logits at the trained tokens alone) is the mean cross-entropy of the
-    full logits over the masked tokens, a row with nothing trained included; the copy task's loss
-    (the logits of the key's last token alone) is the full logits' at that position."""
-    pytest.importorskip("transformers")
-    import torch
-
-    from envforge.demo import agent
-    torch.set_num_threads(1)
-    tok = agent.fit_tokenizer(['TCK-104 {"status": "active", "resolution": "fixed"} closed on_hold duplicate'])
-    model = agent.save_model(tmp_path / "m", tok, hidden=16, layers=1, heads=2, seed=0).eval()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, len(tok), (3, 9), generator=g)
-    attn = torch.ones_like(ids)
-    attn[2, 6:] = 0  # row 2 is padded after its trained tokens
-    mask = torch.zeros((4, 9))
-    mask[0, 3:6] = 1
-    mask[1, 1] = mask[1, 8] = 1
-    mask[2, 4:6] = 1  # row 3: nothing trained
-    ids, attn = torch.cat([ids, ids[:1]]), torch.cat([attn, attn[:1]])
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        full = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        assert torch.allclose(agent.masked_loss(model, ids, attn, mask), full, atol=1e-5)
-    empty = agent.masked_loss(model, ids, attn, torch.zeros_like(mask))
-    assert float(empty.detach()) == 0.0 and empty.requires_grad  # a batch with nothing trained still steps
-    task, sent = agent.CopyTask(tok, 3, 4, {"status": ["active", "closed"]}), []
-    real = model.forward
-
-    def recording(*a, **kw):  # the batch the copy task sends, to score it with every position's logits
-        sent.append(kw["input_ids"])
-        return real(*a, **kw)
-    with torch.no_grad():
-        for kind in (0, 1):
-            model.forward = recording
-            try:
-                kept = task.loss(model, kind)
-            finally:
-                model.forward = real
-            ids = sent[-1]
-            full = torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2], ids[:, -1])
-            assert torch.allclose(kept, full, atol=1e-5)
-
-
 def test_routing_prompts_set_the_capabilities_the_tasks_need_side_by_side():
     """The base agent's routing prompts always offer the needed capability, answer it, and in
     about half of them offer every capability the tasks need, so the model must read the task to

@@ -59,11 +59,10 @@ POLICY_LINES = [
 
 
 def policy_variant(rng: random.Random, noise: float = 0.5, distractors: list[str] = ()) -> str:
-    """A random selection of ``POLICY_LINES``, in random order, one per line;
-    with probability ``noise`` a line or two join them that must not change what the agent does:
-    made-up words (the tokenizer has never seen them) or one of ``distractors`` (the demo passes
-    the router's capability lines: a policy may talk about skills without the agent being asked
-    to route)."""
+    """A random selection of ``POLICY_LINES``, in random order, one per line; with probability
+    ``noise`` a line or two join them that must not change what the agent does: made-up words
+    (the tokenizer has never seen them) or one of ``distractors`` (the demo passes the router's
+    capability lines: a policy may talk about skills without the agent being asked to route)."""
     lines = rng.sample(POLICY_LINES, rng.randint(1, len(POLICY_LINES)))
     if rng.random() < noise:
         for _ in range(rng.randint(1, 2)):
@@ -168,8 +167,7 @@ class CopyTask:
         x = values[torch.randint(0, len(values), (b,), generator=g)]
         ids[:, at:at + 2], ids[:, at + 2] = key, x
         ids = torch.cat([ids, key.expand(b, 2), x[:, None]], 1).to(model.device)
-        logits = model(input_ids=ids, logits_to_keep=2).logits[:, 0]  # the vocabulary at the key's end alone
-        return torch.nn.functional.cross_entropy(logits.float(), x.to(model.device))
+        return torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -2].float(), x.to(model.device))
 
     @torch.no_grad()
     def kind_losses(self, model, batches: int = 4) -> dict[str, float]:
@@ -234,24 +232,11 @@ def pretrain_copy(model, tokenizer, *, steps: int = 500, max_steps: int | None =
     return {"steps": done, "losses": losses, "learnt": max(losses.values()) < target}
 
 
-def masked_loss(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The mean next-token cross-entropy of the tokens where ``mask`` ([B, T], 0 or 1) is 1, the
-    vocabulary's logits computed where those tokens are predicted alone (``kept_logits``; a
-    quarter less time a step on a CPU: 21 of an example's 254 tokens are trained)."""
-    from trainers.grpo import kept_logits
-    keep = torch.zeros_like(mask, dtype=torch.bool)
-    keep[:, :-1] = mask[:, 1:] > 0
-    logits = kept_logits(model, ids, attn, keep).float()
-    if not keep.any():
-        return logits.sum()  # 0, with a gradient
-    return torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep[:, :-1]])
-
-
 def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epochs: int = 8,
         batch_size: int = 16, lr: float = 3e-3, seed: int = 0, copy: CopyTask | None = None,
         progress: Callable[[int, int, float], None] | None = None) -> list[float]:
-    """Next-token cross-entropy on the masked tokens (``masked_loss``), plus ``copy``'s loss each
-    step, if given; linear warm-up and cosine decay. Returns the mean SFT loss per epoch."""
+    """Next-token cross-entropy on the masked tokens (plus ``copy``'s loss each step, if given);
+    linear warm-up and cosine decay. Returns the mean SFT loss per epoch."""
     from trainers.grpo import batch_tensors
     from trainers.rollout import Episode
     g = torch.Generator().manual_seed(seed)
@@ -269,7 +254,10 @@ def sft(model, examples: list[tuple[list[int], list[int]]], pad_id: int, *, epoc
         for b in torch.randperm(len(batches), generator=g).tolist():
             eps = [Episode(0, tokens=examples[i][0], mask=examples[i][1]) for i in batches[b]]
             ids, attn, mask = (t.to(model.device) for t in batch_tensors(eps, pad_id))
-            loss = masked_loss(model, ids, attn, mask)
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            m = mask[:, 1:]
+            loss = (nll * m).sum() / m.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             (loss + copy.loss(model) if copy is not None else loss).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
