@@ -229,6 +229,13 @@ def add_adapter(model, config: GRPOConfig):
     return get_peft_model(model, lora)
 
 
+#: settings a run may change and still resume its checkpoint: how long it trains, where and how
+#: fast it runs, how often it saves; any other (the learning rate, the KL weight, the sampling,
+#: the seeds, the LoRA shape, ...) would make the resumed iterations another run's
+RESUMABLE = ("iterations", "max_rollouts", "threads", "device", "pool_size", "backend", "call_timeout_s",
+             "save_every", "report_to", "micro_batch_size")
+
+
 class GRPOTrainer:
     """Trains one LoRA adapter on one env; see the module docstring."""
 
@@ -298,6 +305,14 @@ class GRPOTrainer:
         if state["base_model"] != self.base_model:
             raise UsageError(f"{ck} was made with base model {state['base_model']}, not "
                              f"{self.base_model}: pass --no-resume or another --out")
+        recorded = state.get("config") or {}
+        now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
+        changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
+        if changed:
+            raise UsageError(f"{ck} was trained with other settings ("
+                             + ", ".join(f"{k} {recorded[k]!r}, now {now[k]!r}" for k in changed)
+                             + "): a resumed run would mix the two; pass the checkpoint's values, "
+                             "--no-resume, or another --out")
         set_peft_model_state_dict(self.model, load_file(str(ck / "adapter.safetensors"),
                                                         device=str(self.config.device)))
         self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location=self.config.device))
