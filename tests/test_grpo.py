@@ -199,14 +199,18 @@ def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
 def test_a_checkpoint_resumes_only_under_its_own_training_settings(hermes_dir, env_dir, tmp_path):
     """A run whose learning rate, KL weight or LoRA shape differ from its checkpoint's is told so
     (a resumed run would be two runs spliced), naming each; more iterations, another pool or
-    micro-batch size resume."""
+    micro-batch size resume, and so does a checkpoint that recorded no settings."""
     _train(hermes_dir, env_dir, tmp_path, 2)
-    with pytest.raises(UsageError, match=r"other settings \(learning_rate 0\.02, now 0\.01, kl_coef 0\.0, now 0\.1\)"):
+    with pytest.raises(UsageError, match=r"other settings \(learning_rate 0\.02, now 0\.01, kl_coef 0\.0, now 0\.1; "):
         _train(hermes_dir, env_dir, tmp_path, 2, config={"learning_rate": 1e-2, "kl_coef": 0.1})
     with pytest.raises(UsageError, match="lora_rank 8, now 4.*--no-resume"):
         _train(hermes_dir, env_dir, tmp_path, 2, config={"lora_rank": 4})
     trainer, result = _train(hermes_dir, env_dir, tmp_path, 3, config={"pool_size": 4, "micro_batch_size": 2})
     assert trainer.resumed_at == 2 and len(result.history) == 3
+    state = tmp_path / "checkpoint" / "state.json"  # a checkpoint from before settings were recorded
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "config"}))
+    trainer, result = _train(hermes_dir, env_dir, tmp_path, 4, config={"learning_rate": 1e-2})
+    assert trainer.resumed_at == 3 and len(result.history) == 4
     _, fresh = _train(hermes_dir, env_dir, tmp_path, 1, config={"lora_rank": 4}, resume=False)
     assert len(fresh.history) == 1
 

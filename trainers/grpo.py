@@ -290,6 +290,25 @@ class GRPOTrainer:
         shutil.rmtree(old, ignore_errors=True)
         return final
 
+    def check_resumable(self) -> None:
+        """Refuse a checkpoint made under other training settings than this run's (all but
+        ``RESUMABLE``): a resumed run would splice two runs. Before anything is loaded or started."""
+        for ck in (self.out / CHECKPOINT, self.out / (CHECKPOINT + ".old")):
+            try:
+                recorded = json.loads((ck / "state.json").read_text()).get("config") or {}
+                break
+            except (OSError, ValueError, AttributeError):
+                continue
+        else:
+            return
+        now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
+        changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
+        if changed:
+            raise UsageError(f"{ck} was trained with other settings ("
+                             + ", ".join(f"{k} {recorded[k]!r}, now {now[k]!r}" for k in changed)
+                             + f"; all of them in {ck / 'state.json'}): a resumed run would mix the two; "
+                             "pass the checkpoint's values, --no-resume, or another --out")
+
     def load_checkpoint(self, env_hash: str) -> bool:
         ck, old = self.out / CHECKPOINT, self.out / (CHECKPOINT + ".old")
         if not (ck / "state.json").is_file() and (old / "state.json").is_file():
@@ -305,14 +324,6 @@ class GRPOTrainer:
         if state["base_model"] != self.base_model:
             raise UsageError(f"{ck} was made with base model {state['base_model']}, not "
                              f"{self.base_model}: pass --no-resume or another --out")
-        recorded = state.get("config") or {}
-        now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
-        changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
-        if changed:
-            raise UsageError(f"{ck} was trained with other settings ("
-                             + ", ".join(f"{k} {recorded[k]!r}, now {now[k]!r}" for k in changed)
-                             + "): a resumed run would mix the two; pass the checkpoint's values, "
-                             "--no-resume, or another --out")
         set_peft_model_state_dict(self.model, load_file(str(ck / "adapter.safetensors"),
                                                         device=str(self.config.device)))
         self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location=self.config.device))
@@ -410,6 +421,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the run
     def train(self) -> TrainResult:
         c = self.config
+        if self.resume:
+            self.check_resumable()
         pool_size = c.pool_size or min(16, c.rollouts_per_iteration)
         with EnvFactory(self.env, size=pool_size, backend=c.backend,
                         unsafe_skip_gate=self.unsafe_skip_gate, call_timeout_s=c.call_timeout_s,
