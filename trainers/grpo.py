@@ -293,14 +293,10 @@ class GRPOTrainer:
     def check_resumable(self) -> None:
         """Refuse a checkpoint made under other training settings than this run's (all but
         ``RESUMABLE``): a resumed run would splice two runs. Before anything is loaded or started."""
-        for ck in (self.out / CHECKPOINT, self.out / (CHECKPOINT + ".old")):
-            try:
-                recorded = json.loads((ck / "state.json").read_text()).get("config") or {}
-                break
-            except (OSError, ValueError, AttributeError):
-                continue
-        else:
+        ck = self._checkpoint()
+        if ck is None:
             return
+        recorded = json.loads((ck / "state.json").read_text()).get("config") or {}
         now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
         changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
         if changed:
@@ -309,12 +305,18 @@ class GRPOTrainer:
                              + f"; all of them in {ck / 'state.json'}): a resumed run would mix the two; "
                              "pass the checkpoint's values, --no-resume, or another --out")
 
-    def load_checkpoint(self, env_hash: str) -> bool:
+    def _checkpoint(self) -> Path | None:
+        """The checkpoint folder to resume from, if any (one left between save_checkpoint's two
+        renames is put back first)."""
         ck, old = self.out / CHECKPOINT, self.out / (CHECKPOINT + ".old")
         if not (ck / "state.json").is_file() and (old / "state.json").is_file():
             shutil.rmtree(ck, ignore_errors=True)  # stopped between save_checkpoint's two renames
             old.rename(ck)
-        if not (ck / "state.json").is_file():
+        return ck if (ck / "state.json").is_file() else None
+
+    def load_checkpoint(self, env_hash: str) -> bool:
+        ck = self._checkpoint()
+        if ck is None:
             return False
         state = json.loads((ck / "state.json").read_text())
         if state["env_hash"] != env_hash:
