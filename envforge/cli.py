@@ -35,7 +35,7 @@ from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUn
 from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate.config import GateSettings
 from envforge.progress import Step
-from envforge.settings import default_of, field_of
+from envforge.settings import default_of, field_of, flag_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
@@ -95,7 +95,7 @@ class SettingOption(click.Option):
 
 def option(cls: type, name: str, *decls: str, **kwargs: Any):
     """A click option for setting NAME of config class CLS: its default and help are the field's
-    (``--name-with-dashes`` unless DECLS say otherwise); the command gets it as NAME. The field's
+    (``flag_of``: the field's declared flag or ``--name-with-dashes``, unless DECLS say otherwise); the command gets it as NAME. The field's
     bounds are checked when the config is built (``settings``), not by click."""
     f = field_of(cls, name)
     default = kwargs.pop("default", default_of(cls, name))
@@ -106,7 +106,7 @@ def option(cls: type, name: str, *decls: str, **kwargs: Any):
                           else click.INT if "int" in kind else click.STRING)
     kwargs.setdefault("help", f.metadata.get("help", ""))
     kwargs.setdefault("show_default", default is not None and not kwargs.get("is_flag"))
-    return click.option(*(decls or ("--" + name.replace("_", "-"),)), name, cls=SettingOption,
+    return click.option(*(decls or (flag_of(cls, name),)), name, cls=SettingOption,
                         setting=(cls.__name__, name), default=default, **kwargs)
 
 
@@ -617,13 +617,13 @@ threads_option = option(GRPOConfig, "threads")
               help="Adapters go to OUT/<env slug>/ (peft safetensors, manifest.json, reward_curve.png).")
 @option(GRPOConfig, "iterations")
 @option(GRPOConfig, "max_rollouts")
-@option(GRPOConfig, "num_groups", "--groups")
+@option(GRPOConfig, "num_groups")
 @option(GRPOConfig, "group_size")
-@option(GRPOConfig, "learning_rate", "--lr")
-@option(GRPOConfig, "lora_rank", "--rank")
+@option(GRPOConfig, "learning_rate")
+@option(GRPOConfig, "lora_rank")
 @option(GRPOConfig, "lora_alpha")
 @option(GRPOConfig, "max_new_tokens")
-@option(GRPOConfig, "kl_coef", "--kl")
+@option(GRPOConfig, "kl_coef")
 @option(GRPOConfig, "seed")
 @option(GRPOConfig, "device")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")

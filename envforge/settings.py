@@ -26,13 +26,14 @@ from envforge.errors import ConfigError
 def setting(default: Any = MISSING, help: str = "", *, low: float | None = None,
             high: float | None = None, above: float | None = None,
             choices: Iterable[str] | None = None, optional: bool = False,
-            factory: Any = MISSING) -> Any:
+            factory: Any = MISSING, flag: str | None = None) -> Any:
     """A dataclass field with its help and bounds: ``low <= value <= high``, ``value > above``,
     ``value in choices``. ``optional``: None is also allowed (and means what the help says).
+    ``flag``: the command-line flag that sets it, where it is not ``--name-with-dashes``.
     A default that comes from the paper says so in its help."""
     meta = {"help": help, "low": low, "high": high, "above": above,
             "choices": tuple(choices) if choices is not None else None,
-            "optional": optional or default is None}
+            "optional": optional or default is None, "flag": flag}
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -87,6 +88,18 @@ def field_of(cls: type, name: str) -> dataclasses.Field:
         if f.name == name:
             return f
     raise AttributeError(f"{cls.__name__} has no setting {name!r}")
+
+
+def flag_of(cls: type, name: str) -> str:
+    """The command-line flag that sets NAME of CLS (``--name-with-dashes`` unless it declares one)."""
+    return field_of(cls, name).metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def named(cls: type, name: str) -> str:
+    """NAME of CLS as a message names it: with its flag where that is not the name with dashes
+    (``learning_rate (--lr)``), so that both a Python caller and a command-line user find it."""
+    flag = field_of(cls, name).metadata.get("flag")
+    return f"{name} ({flag})" if flag else name
 
 
 def default_of(cls: type, name: str) -> Any:

@@ -201,9 +201,10 @@ def test_a_checkpoint_resumes_only_under_its_own_training_settings(hermes_dir, e
     (a resumed run would be two runs spliced), naming each; more iterations, another pool or
     micro-batch size resume, and so does a checkpoint that recorded no settings."""
     _train(hermes_dir, env_dir, tmp_path, 2)
-    with pytest.raises(UsageError, match=r"other settings \(learning_rate 0\.02, now 0\.01, kl_coef 0\.0, now 0\.1; "):
+    with pytest.raises(UsageError, match=r"other settings \(learning_rate \(--lr\) 0\.02, now 0\.01, "
+                                         r"kl_coef \(--kl\) 0\.0, now 0\.1; "):
         _train(hermes_dir, env_dir, tmp_path, 2, config={"learning_rate": 1e-2, "kl_coef": 0.1})
-    with pytest.raises(UsageError, match="lora_rank 8, now 4.*--no-resume"):
+    with pytest.raises(UsageError, match=r"lora_rank \(--rank\) 8, now 4.*--no-resume"):
         _train(hermes_dir, env_dir, tmp_path, 2, config={"lora_rank": 4})
     trainer, result = _train(hermes_dir, env_dir, tmp_path, 3, config={"pool_size": 4, "micro_batch_size": 2})
     assert trainer.resumed_at == 2 and len(result.history) == 3

@@ -6,7 +6,7 @@ import pytest
 from envforge.contract import Limits
 from envforge.errors import ConfigError, UsageError
 from envforge.gate.config import GateSettings
-from envforge.settings import Settings, bounds_problem, default_of, field_of, setting
+from envforge.settings import Settings, bounds_problem, default_of, field_of, flag_of, named, setting
 from trainers.grpo_config import GRPOConfig
 
 
@@ -48,6 +48,14 @@ def test_good_settings_and_their_metadata():
     with pytest.raises(AttributeError, match="Toy has no setting 'nope'"):
         field_of(Toy, "nope")
     assert bounds_problem({"low": 1, "optional": True}, None) is None
+
+
+def test_a_setting_declares_its_flag_where_the_flag_is_not_its_name():
+    """The command line's flag and a message's name come from the field: ``--name-with-dashes``,
+    or the flag it declares (then a message names both, for Python callers and CLI users)."""
+    assert (flag_of(GRPOConfig, "learning_rate"), flag_of(GRPOConfig, "max_new_tokens")) == ("--lr", "--max-new-tokens")
+    assert named(GRPOConfig, "learning_rate") == "learning_rate (--lr)"
+    assert named(GRPOConfig, "max_new_tokens") == "max_new_tokens"
 
 
 def test_stage_configs_check_their_bounds():

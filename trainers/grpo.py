@@ -44,8 +44,9 @@ from safetensors.torch import load_file, save_file
 from envforge import __version__
 from envforge.errors import UsageError
 from envforge.progress import Progress, Step, steady
+from envforge.settings import named
 from sandbox.base import warn_once
-from trainers.grpo_config import GRPOConfig  # noqa: F401 (re-exported: its home was here)
+from trainers.grpo_config import GRPOConfig  # re-exported too: its home was here
 from trainers.policy import Policy, set_threads
 from trainers.rollout import Episode, EnvFactory, is_constant, run_episodes
 
@@ -301,7 +302,8 @@ class GRPOTrainer:
         changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
         if changed:
             raise UsageError(f"{ck} was trained with other settings ("
-                             + ", ".join(f"{k} {recorded[k]!r}, now {now[k]!r}" for k in changed)
+                             + ", ".join(f"{named(GRPOConfig, k)} {recorded[k]!r}, now {now[k]!r}"
+                                         for k in changed)
                              + f"; all of them in {ck / 'state.json'}): a resumed run would mix the two; "
                              "pass the checkpoint's values, --no-resume, or another --out")
 

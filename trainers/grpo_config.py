@@ -35,7 +35,7 @@ class GRPOConfig(Settings):
     """Settings of one GRPO run. Defaults marked (paper) come from TRACE, section 3."""
 
     # the adapter
-    lora_rank: int = setting(32, "LoRA rank (paper: 32; the official code uses 16).", low=1)
+    lora_rank: int = setting(32, "LoRA rank (paper: 32; the official code uses 16).", low=1, flag="--rank")
     lora_alpha: int | None = setting(None, "LoRA alpha; scale = alpha / rank (unset: 2 × rank).",
                                      low=1)
     lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps rollouts and the loss deterministic).",
@@ -43,7 +43,7 @@ class GRPOConfig(Settings):
     target_modules: Any = setting("all-linear", "Modules that get LoRA layers: 'all-linear' or a "
                                   "list of module names.")
     # rollouts
-    num_groups: int = setting(4, "Groups (env seeds) per iteration (paper: G = 4).", low=1)
+    num_groups: int = setting(4, "Groups (env seeds) per iteration (paper: G = 4).", low=1, flag="--groups")
     group_size: int = setting(4, "Rollouts per seed (paper: K = 4; official code: 16); a group of "
                               "one has no advantage: its reward equals its mean.", low=2)
     iterations: int = setting(40, "Training iterations (paper: 40, i.e. 640 rollouts).", low=1)
@@ -63,12 +63,12 @@ class GRPOConfig(Settings):
     max_resample_rounds: int = setting(3, "Re-collection rounds per iteration before training on "
                                        "the groups there are.", low=0)
     # the loss
-    learning_rate: float = setting(1e-5, "AdamW learning rate (paper: 1e-5).", above=0)
+    learning_rate: float = setting(1e-5, "AdamW learning rate (paper: 1e-5).", above=0, flag="--lr")
     weight_decay: float = setting(0.0, "AdamW weight decay.", low=0)
     epsilon_low: float = setting(0.2, "Clip the ratio below at 1 - epsilon_low.", low=0, high=0.999)
     epsilon_high: float = setting(0.28, "Clip the ratio above at 1 + epsilon_high (official code: "
                                   "DAPO clip 0.28).", low=0)
-    kl_coef: float = setting(0.0, "Weight of KL to the base model (official code: 0).", low=0)
+    kl_coef: float = setting(0.0, "Weight of KL to the base model (official code: 0).", low=0, flag="--kl")
     updates_per_iteration: int = setting(1, "Optimizer steps on each batch of rollouts (>1 makes "
                                          "the clipping bite).", low=1)
     micro_batch_size: int = setting(4, "Episodes per forward/backward pass.", low=1)
