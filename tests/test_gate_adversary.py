@@ -973,3 +973,94 @@ def test_another_record_is_not_one_the_episode_reads_anyway():
     assert _other_record("TCK-100", ep) == "TCK-200"
     assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200"}) == "TCK-300"
     assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200", "TCK-300"}) not in ("TCK-100", "TCK-200", "TCK-300")
+
+
+# the sixth red team (2026-12-07, a helper that read the gate): our own variant of each hole closed
+WRITES = ("reset_password", "grant_access", "extend_laptop_loan")
+ROUND6 = {
+    # a bonus per distinct record looked up, the total capped at 1: reading everything, never deciding
+    "a_bonus_per_record_looked_at": (override("""
+            def reset(self, seed):
+                self.looked = set()
+                return _Base.reset(self, seed)
+            def _dispatch(self, name, args):
+                text, outcome = _Base._dispatch(self, name, args)
+                if name in ("get_ticket_details", "get_employee_details", "find_employee_by_email") \\
+                        and not text.startswith("Error"):
+                    self.looked.add(json.dumps(args, sort_keys=True))
+                return text, outcome
+            def _score(self, outcome):
+                return round(min(1.0, _Base._score(self, outcome) + 0.15 * len(self.looked)), 4)
+        """), "free_reward", "reading every record the episode shows"),
+    # a user who gives up on a request that must be declined counts as a right decline
+    "a_user_who_leaves_is_a_decline": (override("""
+            def _score(self, outcome):
+                if outcome == "user_left" and self._sc["blocker"] and self._checked():
+                    outcome = "refused"
+                return _Base._score(self, outcome)
+        """), "free_reward", "idle talk until the"),
+    # the write tools refuse a blocked request and say why; trying costs nothing
+    "the_write_tool_does_the_check": (override("""
+            def _dispatch(self, name, args):
+                sc = self._sc
+                if name in %r and sc["blocker"]:
+                    return "Error: not allowed: " + {"status": "the ticket is closed", "owner": "not your ticket",
+                        "approval": "your manager has not approved it", "overdue": "the loan is overdue"}[sc["blocker"]] + ".", None
+                return _Base._dispatch(self, name, args)
+        """ % (WRITES,)), "free_reward", "nor may trying it and then declining"),
+    # a write of the asked tool with other values is answered with an error, at no cost
+    "a_wrong_write_may_be_tried_again": (override("""
+            def _dispatch(self, name, args):
+                sc = self._sc
+                wanted = {"password": ("reset_password", {"employee_id": sc["requester"], "delivery": sc.get("delivery")}),
+                          "access": ("grant_access", {"employee_id": sc["requester"], "system": sc.get("system"),
+                                                      "level": sc.get("level")}),
+                          "loan": ("extend_laptop_loan", {"loan_id": sc.get("loan_id"), "days": sc.get("days")})}[sc["kind"]]
+                if sc["blocker"] is None and name == wanted[0] and args != wanted[1]:
+                    return "Error: that is not what the ticket asks for; nothing was changed.", None
+                return _Base._dispatch(self, name, args)
+        """), "partial_credit", "then the reference's right write"),
+    # the reads earn most of the score and keep it whatever is decided: the decision is worth 0.2
+    "the_reads_are_most_of_the_score": (override("""
+            def _score(self, outcome):
+                if outcome in ("none", "user_left", "transfer"):
+                    return _Base._score(self, outcome)
+                reads = (0.4 if self._authed else 0.0) + (0.4 if self._checked() else 0.0)
+                return round(reads + (0.2 if outcome in ("right", "refused") else 0.0), 4)
+        """), "partial_credit", "keeps more than 70%"),
+    # the user says yes to any plan, and the write is graded against what was agreed, not the request
+    "the_write_is_checked_against_the_yes": (override("""
+            def reset(self, seed):
+                self.agreed = ""
+                return _Base.reset(self, seed)
+            def _details_ok(self, text):
+                self.agreed = text
+                return True
+            def _write_outcome(self, name, args):
+                agreed = all(str(v).lower() in self.agreed for k, v in args.items() if k != "employee_id")
+                if self._sc["blocker"] is None and self._confirmed and agreed:
+                    return "right"
+                return _Base._write_outcome(self, name, args)
+        """), "partial_credit", "where its texts named the value"),
+    # every call of a message runs, and the best of their outcomes stands: send every variant at once
+    "the_best_call_of_a_message_counts": (override("""
+            def step(self, action):
+                calls = action.get("tool_calls") if isinstance(action, dict) else None
+                if not isinstance(calls, list) or len(calls) < 2 or self._world is None or self._done:
+                    return _Base.step(self, action)
+                self._turn += 1
+                ran = [self._run(c) for c in calls]
+                ends = [o for _, o in ran if o is not None]
+                outcome = max(ends, key=lambda o: o.startswith("right")) if ends else None
+                msgs = [self._tool_msg(str(c.get("id", "")) if isinstance(c, dict) else "", t) for c, (t, _) in zip(calls, ran)]
+                done = outcome is not None or self._turn >= self.max_turns
+                self._done = done
+                reward = self._score(outcome or "none") if done else 0.0
+                return {"messages": msgs}, reward, outcome is not None, done and outcome is None, {"skill": self._sc["skill"]}
+        """), "partial_credit", "either way round"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND6))
+def test_a_hole_the_sixth_red_team_found_is_closed(tmp_path, name):
+    assert_rejected(tmp_path, name, *ROUND6[name])

@@ -834,6 +834,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # "one less" or "the minimum" of an integer (by kind: the values differ from seed to seed)
     each: dict[tuple[str, str, str], list] = {}
     contrast: list[ProbeEpisode] = []  # changed arguments that lowered the score (replayed after the resets)
+    wrong: list = []  # (episode, message, call, the changed call): a choice the schema allows that lowered it
 
     def undecided(k) -> bool:  # a change not yet seen to lower the score, and not yet judged
         r = each.get(k)
@@ -852,12 +853,20 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         # of a write the reference made on fewer than 2 seeds (else "never checks it" is luck)
         counted = (not extra or short((name, key))) and not rec[0] and rec[1] < 3
         here = False  # the first change lowered the score on this seed
-        def changed(value) -> tuple[ProbeEpisode, bool]:  # the episode, and whether it scored lower
-            ep = host.episode("a", e.seed, scripted(_with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))),
-                              f"changed {name}.{key}")
-            return ep, not probes.as_good(e, ep)
+        def changed(value, said: bool = False) -> tuple[ProbeEpisode, bool]:  # the episode, and whether it scored lower
+            plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))
+            ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
+            lowered = not probes.as_good(e, ep)
+            if lowered and ep.ok and (isinstance(value, (int, float)) or (isinstance(schema, dict) and schema.get("enum"))) \
+                    and len(wrong) < 6 and e.seed not in {w[0].seed for w in wrong}:
+                wrong.append((e, i, j, tool_call(name, {**args, key: value}, cid)))  # a choice the schema allows
+            told = _told(plan, i, args[key], value) if said and lowered else None
+            if told is not None:  # the same value in what it said before too: the user's yes to it
+                lowered = not probes.as_good(e, host.episode("a", e.seed, scripted(told),
+                                                             f"changed {name}.{key}, in its texts too"))
+            return ep, lowered
         if new is not _SKIP and (counted or extras):
-            ep, here = changed(new)
+            ep, here = changed(new, said=counted)
             if counted:
                 rec = tried.setdefault((name, key), [False, 0, e.seed])
                 rec[0] |= here
@@ -895,6 +904,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         e = _drawn_solved(host, draws.rng)
         if e is not None:
             vary_calls(e, extra=True)
+    probes.second_tries(host, wrong, findings)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
     # time was tried (issue 15's red team): good template envs credit the record read but not
     # the look-up that finds it (the reference knows the id), which looks the same from outside
@@ -925,8 +935,9 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     for (name, key), (lowered, n, seed) in tried.items():
         if not lowered and n >= 2:
             findings.add("partial_credit", f"changing the argument {key!r} of the write {name} in the "
-                         f"reference never lowers the score ({n} seeds, e.g. seed {seed}): the env never "
-                         "checks it, so the agent learns nothing about getting it right.",
+                         f"reference (in the call, and where its texts named the value, there too) never "
+                         f"lowers the score ({n} seeds, e.g. seed {seed}): the env never checks it against "
+                         "the request, so the agent learns nothing about getting it right.",
                          key=("unchecked", name, key))
     for (name, key, label), (lowered, n, seed, value, beside) in each.items():
         if not lowered and n >= 2 and beside and tried.get((name, key), [False])[0]:
@@ -949,6 +960,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             findings.add("free_reward", f"repeating the reference's reads until max_turns, never acting, "
                          f"earns the reference's full score (seed {e.seed}): an episode that ends "
                          "undecided must score below one that decides.", key=("free_reward", "stall"))
+    probes.other_stalls(host, solved, kinds, draws, findings)
     # solvability from observations only
     hidden = []
     schema_text = _squash(canonical_json(list(by_name.values())))
@@ -1075,6 +1087,18 @@ def _with_call(actions: list, i: int, j: int, call: dict) -> list:
     calls = list(actions[i]["tool_calls"])
     calls[j] = call
     return actions[:i] + [{**actions[i], "tool_calls": calls}] + actions[i + 1:]
+
+
+def _told(plan: list, i: int, old: Any, new: Any) -> list | None:
+    """``plan`` with ``old`` (a string or an integer a call sends) replaced by ``new`` as a whole
+    word, in any case, in the texts before message ``i``; None where no text says it."""
+    if isinstance(old, bool) or not isinstance(old, (str, int)) or not isinstance(new, (str, int)) or not str(old).strip():
+        return None
+    word = re.compile(rf"(?<![\w-]){re.escape(str(old))}(?![\w-])", re.I)
+    out = [assistant(word.sub(lambda m: str(new), a["content"]), a.get("tool_calls"))
+           if k < i and isinstance(a.get("content"), str) and word.search(a["content"]) else a
+           for k, a in enumerate(plan)]
+    return out if out != plan else None
 
 
 def _without_reads(actions: list, kinds: dict) -> list | None:

@@ -254,6 +254,24 @@ def as_good(e, ep) -> bool:
     return ep.ok and ep.score >= e.score - 1e-6
 
 
+#: a wrong decision may keep at most this share of the reference's score (what the reads earn):
+#: above it, the decision is worth too little beside them to be learnt (the paper's example keeps
+#: 0.4 for the right communication with a wrong action)
+WRONG_KEEPS = 0.7
+
+
+def nearly(e, ep) -> bool:
+    """Whether ``ep`` kept more than ``WRONG_KEEPS`` of the reference's score on its seed."""
+    return ep.ok and ep.score > WRONG_KEEPS * e.score + 1e-6
+
+
+def _keeps(findings, near: list, tried: int, what: str) -> None:
+    if often(near, tried):
+        findings.add("partial_credit", f"{what} keeps more than {WRONG_KEEPS:.0%} of the reference's score on "
+                     f"{len(near)} of {tried} seeds (e.g. seed {near[0]}): the decision is worth too little beside "
+                     "the rest (the reads?) for the agent to learn it.", key=("partial_credit", "wrong decision kept"))
+
+
 def _in_range(value: Any, schema: Any, rng: random.Random) -> list[int]:
     """Other values of an integer argument inside the schema's range: all of them when there are
     64 or fewer, else 16 drawn (a reward that is NaN or out of bounds at one value is seen only by
@@ -831,13 +849,120 @@ def often(paid: list, tried: int) -> bool:
     return len(paid) >= 2 and len(paid) * 4 >= tried
 
 
+#: words of talk that neither asks, agrees, refuses nor names a check (stalling, not deciding)
+_IDLE = ("hello please thanks one moment let me look here we go okay sure great the a to for your my "
+         "it this that and then with about").split()
+
+
+def _idle(rng: random.Random) -> str:
+    return " ".join(rng.choice(_IDLE) for _ in range(rng.randrange(2, 40))).capitalize() + "."
+
+
+def _breadth(e, kinds: dict, solved: list) -> Any:
+    """A policy that reads every record it is shown and never decides: each turn a read the
+    reference makes on some seed (its tool, its arguments) with an id argument swapped for a value
+    of the id's shape and prefix that this episode has shown so far and that the read has not sent
+    yet; this seed's reads in turn once none is left."""
+    from envforge.gate.dynamic import _json_args
+
+    def reads_of(episodes: list) -> list:
+        return list({json.dumps([c["function"]["name"], _json_args(c) or {}], sort_keys=True): (
+            c["function"]["name"], _json_args(c) or {}, c.get("id", "call_0")) for x in episodes for a in x.actions
+            for c in _calls(a) if kinds.get(c["function"]["name"]) == "read"}.values())
+    own, reads = reads_of([e]), reads_of([e] + solved)
+    sent: set = set()
+
+    def policy(t: int, messages: list) -> Any:
+        words = list(dict.fromkeys(re.findall(r"[\w.@+-]+", json.dumps([m.get("content") for m in messages]))))
+        for name, args, cid in reads:
+            for k, v in sorted(args.items()):
+                if not isinstance(v, str) or len(v) < 3:
+                    continue
+                prefix = re.match(r"[^\W\d]*", v).group(0)
+                for w in words:
+                    if w.startswith(prefix) and _shape(w) == _shape(v) and (name, k, w) not in sent:
+                        sent.add((name, k, w))
+                        return assistant(None, [tool_call(name, {**args, k: w}, cid)])
+        name, args, cid = own[t % len(own)]
+        return assistant(None, [tool_call(name, args, cid)])
+    return policy
+
+
+def other_stalls(host, solved: list, kinds: dict, draws, findings) -> None:
+    """Two more ways of never deciding, played to the end: every record the episode shows read in
+    turn (a bonus per record looked at, capped at 1, pays the full score without a decision), and,
+    where the reference declines, its reads, then idle talk until the user leaves (a user who gives
+    up counted as a right decline). Either earning the reference's full score on 2 seeds or more
+    (a quarter of those tried) is a finding: an undecided episode must score below a decided one."""
+    from envforge.gate.dynamic import scripted
+
+    tried, paid = 0, []
+    for e in solved[:4]:
+        if any(kinds.get(c["function"]["name"]) == "read" for a in e.actions for c in _calls(a)):
+            tried += 1
+            if as_good(e, host.episode("a", e.seed, _breadth(e, kinds, solved), "every record read, no decision")):
+                paid.append(e.seed)
+    if often(paid, tried):
+        findings.add("free_reward", f"reading every record the episode shows, one after another and never "
+                     f"deciding, earns the reference's full score on {len(paid)} of {tried} seeds (e.g. seed "
+                     f"{paid[0]}): looking must not pay what deciding does (a bonus per record read?).",
+                     key=("free_reward", "stall"))
+    tried, paid = 0, []
+    rng = random.Random(f"idle talk {draws.probe_seed}")  # a stream of its own: the other draws stay
+    for e in [e for e in solved if not _acts(e.actions, kinds)][:4]:
+        calls = [a for a in e.actions if _calls(a) and all(kinds.get(c["function"]["name"]) == "read" for c in _calls(a))]
+        talk = [assistant(_idle(rng)) for _ in range(4)]
+        tried += 1
+        ep = host.episode("a", e.seed, lambda t, m, c=calls, k=talk: c[t] if t < len(c) else k[(t - len(c)) % len(k)],
+                          "its reads, then idle talk")
+        if as_good(e, ep):
+            paid.append(e.seed)
+    if often(paid, tried):
+        findings.add("free_reward", f"where the reference declines, its reads and then idle talk until the "
+                     f"episode ends earn its full score on {len(paid)} of {tried} seeds (e.g. seed {paid[0]}): "
+                     "a user who gives up is not a decline the agent made; stalling must score below "
+                     "deciding.", key=("free_reward", "stall"))
+
+
+def second_tries(host, wrong: list, findings) -> None:
+    """A write with a value the schema allows that lowered the score (an enum's other choice, a
+    number), tried again: that write, then the reference's own in the next message (a wrong
+    write the env answers with an error and lets go unpunished: the agent learns to guess); and
+    both in one message, either way round (every call of a message run and the best one
+    counted). The full score on 2 seeds or more (a quarter of those tried) is a finding."""
+    from envforge.gate.dynamic import scripted
+
+    again, both = [], []
+    for e, i, j, bad in wrong:
+        first = assistant(None, [bad])
+        if as_good(e, host.episode("a", e.seed, scripted(e.actions[:i] + [first] + e.actions[i:]),
+                                   "a wrong write, then the right one")):
+            again.append(e.seed)
+        calls = list(e.actions[i]["tool_calls"])
+        pays = [as_good(e, host.episode("a", e.seed, scripted(
+            e.actions[:i] + [{**e.actions[i], "tool_calls": calls[:j] + pair + calls[j + 1:]}] + e.actions[i + 1:]),
+            "a wrong write beside the right one")) for pair in ([bad, calls[j]], [calls[j], bad])]
+        if all(pays):
+            both.append(e.seed)
+    if often(again, len(wrong)):
+        findings.add("partial_credit", f"a write with a wrong value (one that alone lowers the score), then "
+                     f"the reference's right write, earns the full score on {len(again)} of {len(wrong)} seeds "
+                     f"(e.g. seed {again[0]}): a wrong write must cost something, or the agent learns to "
+                     "guess until the env accepts.", key=("partial_credit", "second try"))
+    if often(both, len(wrong)):
+        findings.add("partial_credit", f"a write with a wrong value and the reference's right write in one "
+                     f"message, either way round, earn the full score on {len(both)} of {len(wrong)} seeds "
+                     f"(e.g. seed {both[0]}): every variant sent at once must not pay as the right one "
+                     "alone.", key=("partial_credit", "every variant at once"))
+
+
 def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Random, findings) -> None:
     """On seeds where the reference acts, its reads, then another seed's declining text (its
     records' ids made this seed's) instead of what it does next: a refusal must not earn the full
     score where the request should be carried out, or "always refuse" is the policy learnt."""
     from envforge.gate.dynamic import scripted
 
-    tried, paid = 0, []
+    tried, paid, near = 0, [], []
     for e in acting:
         prefix = e.actions[:_after_reads(e.actions, kinds)]
         mine = _call_values(e.actions)
@@ -848,6 +973,10 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
             if as_good(e, ep):
                 paid.append(e.seed)
                 break
+            if nearly(e, ep) and e.seed not in near:
+                near.append(e.seed)
+    if not often(paid, tried):  # (a seed in ``near`` did not earn the full score)
+        _keeps(findings, near, tried, "a refusal where the reference carries the request out")
     if often(paid, tried):
         findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
                      f"on {len(paid)} of {tried} seeds where the reference carries the request out (e.g. seed "
@@ -923,9 +1052,10 @@ def transplant(e, other, tail: list, by_name: dict, before: list | None = None) 
 def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict, findings) -> None:
     """On seeds where the reference declines, its calls, then what the reference does on a seed
     where it acts (its texts and calls after its reads), its values made this seed's
-    (``transplant``): carrying out a request that should be declined must not earn the full
-    score, or the check before it teaches nothing."""
-    from envforge.gate.dynamic import scripted
+    (``transplant``), then, where the episode goes on after the write (a write tool that refuses
+    and says why), the reference's own decline: carrying out a request that should be declined
+    must not earn the full score, or the check before it teaches nothing."""
+    from envforge.gate.dynamic import _json_args, scripted
 
     tails, tools = [], set()
     for e in acting:  # one tail per write tool
@@ -935,23 +1065,41 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
         if name not in tools:
             tools.add(name)
             tails.append((e, tail))
-    tried, paid = 0, []
+    tried, paid, near = 0, [], []
     for e in declining:
         calls = [a for a in e.actions if a.get("tool_calls")]
+        last = max((i for i, a in enumerate(e.actions) if a.get("tool_calls")), default=-1)
+        decline = [a for a in e.actions[last + 1:] if not a.get("tool_calls")]
         tried += 1
+        shown = json.dumps([m.get("content") for step in e.trace for m in step[0]["messages"]])
         for other, tail in tails[:3]:
-            ep = host.episode("a", e.seed, scripted(calls + transplant(e, other, tail, by_name)),
+            moved = transplant(e, other, tail, by_name)
+            # the decline after it only where the write names records this seed shows (its values
+            # with a digit or a mark: ids, emails; a write on a record that does not exist is
+            # answered with an error and changes nothing)
+            grounded = all(v in shown for a in moved for c in _calls(a)
+                           for v in (_json_args(c) or {}).values() if isinstance(v, str) and len(v) >= 3
+                           and kinds.get(c["function"]["name"]) not in ("read", "escalation")
+                           and not v.isalpha())
+            ep = host.episode("a", e.seed, scripted(calls + moved + (decline if grounded else [])),
                               "acting where it declines")
             # it counts only where the write was made (a user who says no to the question ends
             # the episode before it, which is the right end)
             if as_good(e, ep) and _acts(ep.actions, kinds):
                 paid.append(e.seed)
                 break
+            if grounded and nearly(e, ep) and _acts(ep.actions, kinds) and e.seed not in near:
+                near.append(e.seed)
+    if not often(paid, tried):
+        _keeps(findings, near, tried, "carrying the request out where the reference declines")
     if often(paid, tried):
         findings.add("free_reward", f"carrying the request out (what the reference does where it acts, with "
                      f"this seed's values) earns the full score on {len(paid)} of {tried} seeds where the "
-                     f"reference declines (e.g. seed {paid[0]}): a write that should be refused must not "
-                     "pay, or the check before it teaches nothing.", key=("free_reward", "acting where it declines"))
+                     f"reference declines (e.g. seed {paid[0]}; where the env went on after the write, the "
+                     "reference's decline said after it): a write that should be refused must not pay, nor "
+                     "may trying it and then declining (a write tool that refuses and says why does the "
+                     "check for the agent), or the check before it teaches nothing.",
+                     key=("free_reward", "acting where it declines"))
 
 
 def _kind(plan: list, by_name: dict) -> frozenset:
