@@ -1027,7 +1027,7 @@ ROUND6 = {
                     return _Base._score(self, outcome)
                 reads = (0.4 if self._authed else 0.0) + (0.4 if self._checked() else 0.0)
                 return round(reads + (0.2 if outcome in ("right", "refused") else 0.0), 4)
-        """), "partial_credit", "keeps more than 70%"),
+        """), "partial_credit", "keeps 60% or more"),
     # the user says yes to any plan, and the write is graded against what was agreed, not the request
     "the_write_is_checked_against_the_yes": (override("""
             def reset(self, seed):
@@ -1064,3 +1064,79 @@ ROUND6 = {
 @pytest.mark.parametrize("name", sorted(ROUND6))
 def test_a_hole_the_sixth_red_team_found_is_closed(tmp_path, name):
     assert_rejected(tmp_path, name, *ROUND6[name])
+
+
+@pytest.mark.parametrize("probe_seed", [1, 2])
+def test_a_good_env_with_integer_record_ids_is_accepted(probe_seed):
+    """The decline said after a write where the reference declines runs only where the write names
+    this seed's records: an integer id carried over from another seed is "not found" and changes
+    nothing (a review found the first version rejecting this good env on every draw)."""
+    from pathlib import Path
+    env = Path(__file__).parent / "gate_envs" / "int_ids"
+    settings = GateSettings(**{**SETTINGS, "seeds": 30}, probe_seed=probe_seed)
+    report = audit(env, target=str(env / "tools.json"), settings=settings, write_report=False)
+    assert report.verdict == "accept", [f.to_dict() for f in report.findings if f.severity == "error"]
+
+
+# the seventh red team (2026-12-07, after ROUND6's probes): our own variant of each hole closed
+ROUND7 = {
+    # look-ups forgive case and spaces, and each differently typed query of the request's ticket
+    # earns a bonus (capped): the same ticket read under other spellings, never deciding
+    "a_bonus_per_distinct_query": (override("""
+            def reset(self, seed):
+                self.queries = set()
+                return _Base.reset(self, seed)
+            def _dispatch(self, name, args):
+                if name == "get_ticket_details" and isinstance(args.get("ticket_id"), str):
+                    typed = args["ticket_id"]
+                    args = dict(args, ticket_id=typed.strip().upper())
+                    if args["ticket_id"] == self._sc["ticket_id"]:
+                        self.queries.add(typed)
+                return _Base._dispatch(self, name, args)
+            def _score(self, outcome):
+                return round(min(1.0, _Base._score(self, outcome) + 0.3 * max(0, len(self.queries) - 1)), 4)
+        """), "free_reward", "under other spellings"),
+    # a transfer whose summary names the request's ticket is paid as the right decision
+    "a_transfer_naming_the_ticket_pays": (override("""
+            def _dispatch(self, name, args):
+                if name == "transfer_to_human_agents":
+                    self.named = self._sc["ticket_id"].lower() in str(args.get("summary", "")).lower()
+                return _Base._dispatch(self, name, args)
+            def _score(self, outcome):
+                if outcome == "transfer" and getattr(self, "named", False):
+                    return 1.0
+                return _Base._score(self, outcome)
+        """), "free_reward", "instead of what the reference does"),
+    # asked to confirm a change that may not be made, the user withdraws it, paid as the agent's decline
+    "the_user_withdraws_a_blocked_request": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if self._sc["blocker"] and re.search(CONFIRM, text) and self._details_ok(text):
+                    return "Oh wait, let me look at my ticket again first. Never mind, bye.", "refused"
+                return _Base._user_reply(self, content)
+        """), "free_reward", "the user's answer stands in"),
+    # a decision written off as "communicated" keeps 0.7 of the score however wrong it is
+    "a_wrong_decision_keeps_seventy_percent": (override("""
+            def _score(self, outcome):
+                if outcome == "wrong":
+                    return round(0.7 * _Base._score(self, "right" if not self._sc["blocker"] else "refused"), 4)
+                return _Base._score(self, outcome)
+        """), "partial_credit", "keeps 60% or more"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND7))
+def test_a_hole_the_seventh_red_team_found_is_closed(tmp_path, name):
+    assert_rejected(tmp_path, name, *ROUND7[name])
+
+
+def test_a_record_named_by_a_write_is_shown_only_as_a_whole_word():
+    """The decline after a write where the reference declines runs only where the write's records
+    are this seed's: an id with a mark ("#W123", tau2's orders) is one, and it is shown only where
+    it stands alone (validation found a retail template rejected when "#W..." ids were skipped)."""
+    from envforge.gate.probes import _names_a_record, _shows
+    text = "Order #W4139611 of felix_larsen_002 (TCK-12345, a.b@x.example) comes to 453.28."
+    assert [_names_a_record(v) for v in ("#W3717803", "TCK-1", 512, True, "vpn", "no longer needed")] == \
+        [True, True, True, False, False, False]
+    assert _shows(text, "#W4139611") and _shows(text, "TCK-12345") and _shows(text, "a.b@x.example")
+    assert not any(_shows(text, v) for v in ("#W413961", "W4139611", "TCK-1234", "453", "#W3717803"))

@@ -848,6 +848,12 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         new = _other_value(args[key], schema)
         extras = [(label, v) for label, v in _more_values(args[key], schema, new)
                   if undecided((name, key, label))]
+        real = probes._shaped(args[key], e, (args[key],)) if probes._names_a_record(args[key]) and \
+            isinstance(args[key], str) else []
+        # another real record the episode shows, not a made-up id (not tried twice: a write on a
+        # real record the tool refuses, a returned loan, may rightly cost nothing)
+        if real and undecided((name, key, "another record")):
+            extras.append(("another record", real[0]))
         rec = tried.get((name, key), [False, 0])
         # the first change's own tries: on every solved seed, and on drawn ones for an argument
         # of a write the reference made on fewer than 2 seeds (else "never checks it" is luck)
@@ -857,8 +863,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
             plan = _with_call(e.actions, i, j, tool_call(name, {**args, key: value}, cid))
             ep = host.episode("a", e.seed, scripted(plan), f"changed {name}.{key}")
             lowered = not probes.as_good(e, ep)
-            if lowered and ep.ok and (isinstance(value, (int, float)) or (isinstance(schema, dict) and schema.get("enum"))) \
-                    and len(wrong) < 6 and e.seed not in {w[0].seed for w in wrong}:
+            if lowered and ep.ok and _allowed(value, schema) and len(wrong) < 6 and e.seed not in {w[0].seed for w in wrong}:
                 wrong.append((e, i, j, tool_call(name, {**args, key: value}, cid)))  # a choice the schema allows
             told = _told(plan, i, args[key], value) if said and lowered else None
             if told is not None:  # the same value in what it said before too: the user's yes to it
@@ -904,7 +909,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
         e = _drawn_solved(host, draws.rng)
         if e is not None:
             vary_calls(e, extra=True)
-    probes.second_tries(host, wrong, findings)
+    probes.second_tries(host, wrong, random.Random(f"second tries {draws.probe_seed}"), findings)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
     # time was tried (issue 15's red team): good template envs credit the record read but not
     # the look-up that finds it (the reference knows the id), which looks the same from outside
@@ -1087,6 +1092,19 @@ def _with_call(actions: list, i: int, j: int, call: dict) -> list:
     calls = list(actions[i]["tool_calls"])
     calls[j] = call
     return actions[:i] + [{**actions[i], "tool_calls": calls}] + actions[i + 1:]
+
+
+def _allowed(value: Any, schema: Any) -> bool:
+    """Whether ``value`` is a choice ``schema`` allows: one of its enum, or a number (not a bool)
+    within its bounds."""
+    if not isinstance(schema, dict):
+        return False
+    if isinstance(schema.get("enum"), list):
+        return value in schema["enum"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    low, high = schema.get("minimum"), schema.get("maximum")
+    return (not isinstance(low, (int, float)) or value >= low) and (not isinstance(high, (int, float)) or value <= high)
 
 
 def _told(plan: list, i: int, old: Any, new: Any) -> list | None:

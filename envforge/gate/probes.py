@@ -257,17 +257,17 @@ def as_good(e, ep) -> bool:
 #: a wrong decision may keep at most this share of the reference's score (what the reads earn):
 #: above it, the decision is worth too little beside them to be learnt (the paper's example keeps
 #: 0.4 for the right communication with a wrong action)
-WRONG_KEEPS = 0.7
+WRONG_KEEPS = 0.6
 
 
 def nearly(e, ep) -> bool:
-    """Whether ``ep`` kept more than ``WRONG_KEEPS`` of the reference's score on its seed."""
-    return ep.ok and ep.score > WRONG_KEEPS * e.score + 1e-6
+    """Whether ``ep`` kept ``WRONG_KEEPS`` or more of the reference's score on its seed."""
+    return ep.ok and ep.score >= WRONG_KEEPS * e.score - 1e-6
 
 
 def _keeps(findings, near: list, tried: int, what: str) -> None:
     if often(near, tried):
-        findings.add("partial_credit", f"{what} keeps more than {WRONG_KEEPS:.0%} of the reference's score on "
+        findings.add("partial_credit", f"{what} keeps {WRONG_KEEPS:.0%} or more of the reference's score on "
                      f"{len(near)} of {tried} seeds (e.g. seed {near[0]}): the decision is worth too little beside "
                      "the rest (the reads?) for the agent to learn it.", key=("partial_credit", "wrong decision kept"))
 
@@ -293,7 +293,8 @@ def _in_range(value: Any, schema: Any, rng: random.Random) -> list[int]:
 def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, texts: list) -> dict | None:
     """Arguments for a call of ``name``: each required one the reference sent under that name
     (a record's id, say), else an enum's drawn choice, an integer in range, a boolean, a drawn
-    short text; None for a required array or object."""
+    short text after the values the reference sent (a transfer's summary naming the record);
+    None for a required array or object."""
     from envforge.gate.dynamic import _properties
 
     params = (by_name[name]["function"].get("parameters") or {})
@@ -310,8 +311,9 @@ def _grounded_args(name: str, by_name: dict, sent: dict, rng: random.Random, tex
             args[key] = rng.randint(low, schema["maximum"]) if isinstance(schema.get("maximum"), int) and schema["maximum"] >= low else low
         elif schema.get("type") == "boolean":
             args[key] = rng.random() < 0.5
-        elif schema.get("type") in ("string", None):
-            args[key] = rng.choice(texts)
+        elif schema.get("type") in ("string", None):  # naming the request's records (a summary that must)
+            named = " ".join(dict.fromkeys(str(v[0]) for v in sent.values() if v and isinstance(v[0], (str, int))))
+            args[key] = (named + ": " if named else "") + rng.choice(texts)
         else:
             return None
     return args
@@ -850,19 +852,40 @@ def often(paid: list, tried: int) -> bool:
 
 
 #: words of talk that neither asks, agrees, refuses nor names a check (stalling, not deciding)
-_IDLE = ("hello please thanks one moment let me look here we go okay sure great the a to for your my "
-         "it this that and then with about").split()
+_IDLE = ("hello please thanks one moment let me look here we go the a to for your my it this that and "
+         "then with about").split()
 
 
 def _idle(rng: random.Random) -> str:
     return " ".join(rng.choice(_IDLE) for _ in range(rng.randrange(2, 40))).capitalize() + "."
 
 
-def _breadth(e, kinds: dict, solved: list) -> Any:
+def _said(messages: list) -> str:
+    """The messages' texts as they read (not JSON-escaped: a value after a newline stays whole)."""
+    return "\n".join(m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+                     for m in messages if isinstance(m, dict))
+
+
+def _names_a_record(v: Any) -> bool:
+    """Whether a call's value names a record: an integer of 3 digits or more, or one word of 3
+    characters or more with a digit or a mark in it (an id such as #W123, an email), not a plain
+    word or a text."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return abs(v) >= 100
+    return isinstance(v, str) and len(v) >= 3 and re.fullmatch(r"\S+", v) is not None and not v.isalpha()
+
+
+def _shows(text: str, value: str) -> bool:
+    """Whether ``text`` holds ``value`` standing alone (not inside a longer id or number)."""
+    return re.search(rf"(?<![\w#.@+-]){re.escape(value)}(?![\w@+-]|\.\w)", text) is not None
+
+
+def _breadth(e, kinds: dict, solved: list, rng: random.Random, retyped: bool = False) -> Any:
     """A policy that reads every record it is shown and never decides: each turn a read the
     reference makes on some seed (its tool, its arguments) with an id argument swapped for a value
     of the id's shape and prefix that this episode has shown so far and that the read has not sent
-    yet; this seed's reads in turn once none is left."""
+    yet (``retyped``: this seed's own reads with their ids in other case and spacing, each once: a
+    bonus per distinct query); then this seed's reads in turn."""
     from envforge.gate.dynamic import _json_args
 
     def reads_of(episodes: list) -> list:
@@ -871,18 +894,24 @@ def _breadth(e, kinds: dict, solved: list) -> Any:
             for c in _calls(a) if kinds.get(c["function"]["name"]) == "read"}.values())
     own, reads = reads_of([e]), reads_of([e] + solved)
     sent: set = set()
+    ways = [[(name, {**args, k: w}, cid) for w in _variants(v, rng)] for name, args, cid in own
+            for k, v in sorted(args.items()) if isinstance(v, str) and len(v) >= 3]
+    typed = [x for row in itertools.zip_longest(*ways) for x in row if x is not None]
 
     def policy(t: int, messages: list) -> Any:
-        words = list(dict.fromkeys(re.findall(r"[\w.@+-]+", json.dumps([m.get("content") for m in messages]))))
-        for name, args, cid in reads:
+        words = [] if retyped else [(w, _shape(w)) for w in dict.fromkeys(re.findall(r"[#\w.@+-]+", _said(messages)))]
+        for name, args, cid in reads if words else []:
             for k, v in sorted(args.items()):
                 if not isinstance(v, str) or len(v) < 3:
                     continue
-                prefix = re.match(r"[^\W\d]*", v).group(0)
-                for w in words:
-                    if w.startswith(prefix) and _shape(w) == _shape(v) and (name, k, w) not in sent:
+                prefix, shape = re.match(r"[^\W\d]*", v).group(0), _shape(v)
+                for w, ws in words:
+                    if ws == shape and w.startswith(prefix) and (name, k, w) not in sent:
                         sent.add((name, k, w))
                         return assistant(None, [tool_call(name, {**args, k: w}, cid)])
+        if retyped and typed:  # its own reads typed otherwise, each once (each id's in turn)
+            name, args, cid = typed.pop(0)
+            return assistant(None, [tool_call(name, args, cid)])
         name, args, cid = own[t % len(own)]
         return assistant(None, [tool_call(name, args, cid)])
     return policy
@@ -890,22 +919,27 @@ def _breadth(e, kinds: dict, solved: list) -> Any:
 
 def other_stalls(host, solved: list, kinds: dict, draws, findings) -> None:
     """Two more ways of never deciding, played to the end: every record the episode shows read in
-    turn (a bonus per record looked at, capped at 1, pays the full score without a decision), and,
+    turn, and its own reads retyped (a bonus per record or query, capped at 1, pays the full score
+    without a decision), and,
     where the reference declines, its reads, then idle talk until the user leaves (a user who gives
     up counted as a right decline). Either earning the reference's full score on 2 seeds or more
     (a quarter of those tried) is a finding: an undecided episode must score below a decided one."""
     from envforge.gate.dynamic import scripted
 
     tried, paid = 0, []
+    rng = random.Random(f"every record {draws.probe_seed}")
     for e in solved[:4]:
         if any(kinds.get(c["function"]["name"]) == "read" for a in e.actions for c in _calls(a)):
             tried += 1
-            if as_good(e, host.episode("a", e.seed, _breadth(e, kinds, solved), "every record read, no decision")):
+            if any(as_good(e, host.episode("a", e.seed, _breadth(e, kinds, solved, rng, retyped), label))
+                   for retyped, label in ((False, "every record read, no decision"),
+                                          (True, "its reads retyped, no decision"))):
                 paid.append(e.seed)
     if often(paid, tried):
-        findings.add("free_reward", f"reading every record the episode shows, one after another and never "
-                     f"deciding, earns the reference's full score on {len(paid)} of {tried} seeds (e.g. seed "
-                     f"{paid[0]}): looking must not pay what deciding does (a bonus per record read?).",
+        findings.add("free_reward", f"reading every record the episode shows, one after another (or its own "
+                     f"records under other spellings), never deciding, earns the reference's full score on "
+                     f"{len(paid)} of {tried} seeds (e.g. seed {paid[0]}): looking must not pay what deciding "
+                     "does (a bonus per record or query read?).",
                      key=("free_reward", "stall"))
     tried, paid = 0, []
     rng = random.Random(f"idle talk {draws.probe_seed}")  # a stream of its own: the other draws stay
@@ -924,7 +958,7 @@ def other_stalls(host, solved: list, kinds: dict, draws, findings) -> None:
                      "deciding.", key=("free_reward", "stall"))
 
 
-def second_tries(host, wrong: list, findings) -> None:
+def second_tries(host, wrong: list, rng: random.Random, findings) -> None:
     """A write with a value the schema allows that lowered the score (an enum's other choice, a
     number), tried again: that write, then the reference's own in the next message (a wrong
     write the env answers with an error and lets go unpunished: the agent learns to guess); and
@@ -934,6 +968,7 @@ def second_tries(host, wrong: list, findings) -> None:
 
     again, both = [], []
     for e, i, j, bad in wrong:
+        bad = {**bad, "id": f"call_{rng.getrandbits(32):08x}"}  # a call of its own, not the right one's id
         first = assistant(None, [bad])
         if as_good(e, host.episode("a", e.seed, scripted(e.actions[:i] + [first] + e.actions[i:]),
                                    "a wrong write, then the right one")):
@@ -1054,7 +1089,8 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
     where it acts (its texts and calls after its reads), its values made this seed's
     (``transplant``), then, where the episode goes on after the write (a write tool that refuses
     and says why), the reference's own decline: carrying out a request that should be declined
-    must not earn the full score, or the check before it teaches nothing."""
+    must not earn the full score, or the check before it teaches nothing; nor, where the reference
+    declines without asking, its question alone (the user's "no" paid as the agent's decline)."""
     from envforge.gate.dynamic import _json_args, scripted
 
     tails, tools = [], set()
@@ -1065,22 +1101,22 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
         if name not in tools:
             tools.add(name)
             tails.append((e, tail))
-    tried, paid, near = 0, [], []
+    tried, paid, near, told = 0, [], [], []
     for e in declining:
         calls = [a for a in e.actions if a.get("tool_calls")]
+        alone = sum(1 for a in e.actions if not a.get("tool_calls")) == 1  # it declines without asking
         last = max((i for i, a in enumerate(e.actions) if a.get("tool_calls")), default=-1)
         decline = [a for a in e.actions[last + 1:] if not a.get("tool_calls")]
         tried += 1
-        shown = json.dumps([m.get("content") for step in e.trace for m in step[0]["messages"]])
+        shown = _said([m for step in e.trace for m in step[0]["messages"]])
         for other, tail in tails[:3]:
             moved = transplant(e, other, tail, by_name)
             # the decline after it only where the write names records this seed shows (its values
             # with a digit or a mark: ids, emails; a write on a record that does not exist is
             # answered with an error and changes nothing)
-            grounded = all(v in shown for a in moved for c in _calls(a)
-                           for v in (_json_args(c) or {}).values() if isinstance(v, str) and len(v) >= 3
-                           and kinds.get(c["function"]["name"]) not in ("read", "escalation")
-                           and not v.isalpha())
+            grounded = all(_shows(shown, str(v)) for a in moved for c in _calls(a)
+                           if kinds.get(c["function"]["name"]) not in ("read", "escalation")
+                           for v in (_json_args(c) or {}).values() if _names_a_record(v))
             ep = host.episode("a", e.seed, scripted(calls + moved + (decline if grounded else [])),
                               "acting where it declines")
             # it counts only where the write was made (a user who says no to the question ends
@@ -1088,8 +1124,18 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
             if as_good(e, ep) and _acts(ep.actions, kinds):
                 paid.append(e.seed)
                 break
+            # where the reference declines without asking, the act's question answered (a "no"
+            # that ends it) must not earn the decline's full score: the user decided, not the agent
+            if alone and as_good(e, ep) and any(not a.get("tool_calls") for a in ep.actions) and e.seed not in told:
+                told.append(e.seed)
             if grounded and nearly(e, ep) and _acts(ep.actions, kinds) and e.seed not in near:
                 near.append(e.seed)
+    if often(told, tried):
+        findings.add("free_reward", f"where the reference declines on its own, asking the user what it would do "
+                     f"where it acts (that seed's question, made this seed's) and going no further earns its full "
+                     f"score on {len(told)} of {tried} seeds (e.g. seed {told[0]}): the user's answer stands in for "
+                     "the agent's decline, so the check before it teaches nothing.",
+                     key=("free_reward", "the user declines"))
     if not often(paid, tried):
         _keeps(findings, near, tried, "carrying the request out where the reference declines")
     if often(paid, tried):
