@@ -94,9 +94,10 @@ class SettingOption(click.Option):
 
 
 def option(cls: type, name: str, *decls: str, **kwargs: Any):
-    """A click option for setting NAME of config class CLS: its default and help are the field's
-    (``flag_of``: the field's declared flag or ``--name-with-dashes``, unless DECLS say otherwise); the command gets it as NAME. The field's
-    bounds are checked when the config is built (``settings``), not by click."""
+    """A click option for setting NAME of config class CLS: its flag (``flag_of``: the field's
+    declared one, else ``--name-with-dashes``; DECLS instead where given), default and help are the
+    field's; the command gets it as NAME. The field's bounds are checked when the config is built
+    (``settings``), not by click."""
     f = field_of(cls, name)
     default = kwargs.pop("default", default_of(cls, name))
     if "type" not in kwargs and not kwargs.get("is_flag") and not any("/" in d for d in decls):

@@ -947,8 +947,7 @@ def other_stalls(host, solved: list, kinds: dict, draws, findings) -> None:
         calls = [a for a in e.actions if _calls(a) and all(kinds.get(c["function"]["name"]) == "read" for c in _calls(a))]
         talk = [assistant(_idle(rng)) for _ in range(4)]
         tried += 1
-        ep = host.episode("a", e.seed, lambda t, m, c=calls, k=talk: c[t] if t < len(c) else k[(t - len(c)) % len(k)],
-                          "its reads, then idle talk")
+        ep = host.episode("a", e.seed, scripted(calls + talk * host.max_turns), "its reads, then idle talk")
         if as_good(e, ep):
             paid.append(e.seed)
     if often(paid, tried):
@@ -1010,13 +1009,13 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
                 break
             if nearly(e, ep) and e.seed not in near:
                 near.append(e.seed)
-    if not often(paid, tried):  # (a seed in ``near`` did not earn the full score)
-        _keeps(findings, near, tried, "a refusal where the reference carries the request out")
     if often(paid, tried):
         findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
                      f"on {len(paid)} of {tried} seeds where the reference carries the request out (e.g. seed "
                      f"{paid[0]}): refusing must not pay where acting is right, or the agent learns to refuse "
                      "everything.", key=("free_reward", "refusal where it acts"))
+    else:  # (a seed in ``near`` did not earn the full score)
+        _keeps(findings, near, tried, "a refusal where the reference carries the request out")
 
 
 def _shown_value(value: Any, schema: Any, episode) -> Any:
@@ -1136,8 +1135,6 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
                      f"score on {len(told)} of {tried} seeds (e.g. seed {told[0]}): the user's answer stands in for "
                      "the agent's decline, so the check before it teaches nothing.",
                      key=("free_reward", "the user declines"))
-    if not often(paid, tried):
-        _keeps(findings, near, tried, "carrying the request out where the reference declines")
     if often(paid, tried):
         findings.add("free_reward", f"carrying the request out (what the reference does where it acts, with "
                      f"this seed's values) earns the full score on {len(paid)} of {tried} seeds where the "
@@ -1146,6 +1143,8 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
                      "may trying it and then declining (a write tool that refuses and says why does the "
                      "check for the agent), or the check before it teaches nothing.",
                      key=("free_reward", "acting where it declines"))
+    else:
+        _keeps(findings, near, tried, "carrying the request out where the reference declines")
 
 
 def _kind(plan: list, by_name: dict) -> frozenset:
