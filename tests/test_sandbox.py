@@ -695,11 +695,21 @@ def test_a_lying_shared_memory_reply_is_a_typed_error_in_time(make, size, error,
 
 def test_a_full_bell_rings_anyway(make):
     """A bell the runner never empties (it found the memory by spinning) fills up: the host's
-    write is refused, never blocks, and the call goes on."""
-    sb = make(GOOD_ENV, backend=with_channel("shm"))
+    write is refused, never blocks, and the calls go on. The bell is filled while the runner is
+    busy in a call: filled while it waits, it drains the bell as fast as the host writes, and
+    on a busy machine that race cost it more than its CPU allowance between calls."""
+    import threading
+    sb = make(env_with(step="import time\ntime.sleep(0.5)\n" + returning("{}")),
+              backend=with_channel("shm"))
+    sb.new()
+    sb.reset(0, 1)
+    busy = threading.Thread(target=sb.step, args=(0, {"role": "assistant", "content": "go"}))
+    busy.start()
+    time.sleep(0.1)
     with pytest.raises(BlockingIOError):
         while True:
             os.write(sb.transport._bell_in, b"x" * 4096)
+    busy.join()
     assert all(sb.ping() for _ in range(100))
     time.sleep(0.01)  # the runner blocks on that bell now
     assert sb.ping()
