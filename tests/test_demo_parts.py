@@ -767,3 +767,42 @@ def test_the_settings_kept_aside_for_the_base_agent_are_not_read_while_it_is_mad
     used = set(re.findall(r"\bcfg\.(\w+)", source))
     assert used and used <= fields
     assert not used & set(run.AFTER_BASE), used & set(run.AFTER_BASE)
+
+
+def test_the_sft_loss_runs_the_head_on_the_trained_tokens_only(tmp_path, monkeypatch):
+    """masked_nll equals the cross-entropy over every position's logits, masked (what it
+    replaced), and gets gradients to the same weights; the head sees only the trained positions,
+    and a batch with none trained is a zero loss that still backpropagates."""
+    import torch
+
+    from envforge.demo import agent
+    tok = agent.fit_tokenizer(["ticket TCK - 104 status open", "close_ticket resolution fixed yes no"],
+                              ["close_ticket"])
+    model = agent.save_model(tmp_path / "m", tok, hidden=32, layers=2, heads=2, seed=0)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(tok), (3, 12), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0
+    mask = torch.zeros_like(ids)
+    mask[0, 4:7], mask[1, 10:], mask[2, 2] = 1, 1, 1
+
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    want = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    seen = []
+    head = model.get_output_embeddings()
+    monkeypatch.setattr(head, "forward", lambda x, f=head.forward: seen.append(x.shape) or f(x))
+    got = agent.masked_nll(model, ids, attn, mask)
+    got.backward()
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    assert seen == [torch.Size([int(mask[:, 1:].sum()), 32])]
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, want_grads[n], atol=1e-6), n
+    model.zero_grad()
+    none = agent.masked_nll(model, ids, attn, torch.zeros_like(mask))
+    none.backward()
+    assert float(none.detach()) == 0.0
