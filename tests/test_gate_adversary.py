@@ -63,6 +63,7 @@ def test_plain_regexes_are_fine(pattern):
 
 import json  # noqa: E402
 import random  # noqa: E402
+import textwrap  # noqa: E402
 
 from envforge.gate import audit  # noqa: E402
 from envforge.gate.config import GateSettings  # noqa: E402
@@ -973,6 +974,9 @@ def test_another_record_is_not_one_the_episode_reads_anyway():
     assert _other_record("TCK-100", ep) == "TCK-200"
     assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200"}) == "TCK-300"
     assert _other_record("TCK-100", ep, avoid={"TCK-100", "TCK-200", "TCK-300"}) not in ("TCK-100", "TCK-200", "TCK-300")
+    # a value after a newline, read as the text reads (escaped JSON made it "nTCK-200")
+    lines = SimpleNamespace(trace=[({"messages": [{"role": "tool", "content": "TCK-100\nTCK-200"}]}, {})])
+    assert _other_record("TCK-100", lines) == "TCK-200"
 
 
 # the sixth red team (2026-12-07, a helper that read the gate): our own variant of each hole closed
@@ -1140,3 +1144,122 @@ def test_a_record_named_by_a_write_is_shown_only_as_a_whole_word():
         [True, True, True, False, False, False]
     assert _shows(text, "#W4139611") and _shows(text, "TCK-12345") and _shows(text, "a.b@x.example")
     assert not any(_shows(text, v) for v in ("#W413961", "W4139611", "TCK-1234", "453", "#W3717803"))
+
+
+# the eighth red team (2026-12-07, a helper that read the gate): our own variant of each hole closed
+_HANDED_OFF = """
+    def solve(self, seed):
+        out = _Base.solve(self, seed)
+        if not out[-1].get("tool_calls"):  # a decline, then a hand-off to a human
+            out.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_handoff", "type": "function", "function": {
+                    "name": "transfer_to_human_agents",
+                    "arguments": json.dumps({"summary": "a request that cannot be made"})}}]})
+        return out
+"""
+_NAMED = """
+    def solve(self, seed):
+        out = _Base.solve(self, seed)
+        world = _build(random.Random(seed if isinstance(seed, int) else json.dumps(seed, default=str)))
+        first = world["employees"][world["scenario"]["requester"]]["name"].split()[0]
+        if not out[-1].get("tool_calls"):  # the decline addresses the employee by name
+            out[-1] = dict(out[-1], content="Sorry, {}. ".format(first) + out[-1]["content"])
+        return out
+"""
+ROUND8 = {
+    # the request's write is paid whatever blocks it, and the reference's decline is followed by a
+    # hand-off: a decline was "the texts after the last call", so none was seen
+    "a_decline_handed_off_hides_a_forgotten_check": (override("""
+            def reset(self, seed):
+                self.declined = False
+                return _Base.reset(self, seed)
+            def _write_outcome(self, name, args):
+                blocker, self._sc["blocker"] = self._sc["blocker"], None
+                try:
+                    return _Base._write_outcome(self, name, args)
+                finally:
+                    self._sc["blocker"] = blocker
+            def _user_reply(self, content):
+                reply, outcome = _Base._user_reply(self, content)
+                if outcome == "refused":
+                    self.declined = True
+                    return "Thanks. Could you pass me on to a technician?", None
+                return reply, outcome
+            def _dispatch(self, name, args):
+                text, outcome = _Base._dispatch(self, name, args)
+                return text, ("refused" if outcome == "transfer" and self.declined else outcome)
+        """ + textwrap.indent(_HANDED_OFF, " " * 8)), "free_reward", "carrying the request out"),
+    # the seventh round's user who withdraws a blocked request, where the reference greets first
+    "the_user_withdraws_after_a_greeting": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if self._sc["blocker"] and re.search(CONFIRM, text) and self._details_ok(text):
+                    return "Oh wait, let me look at my ticket again first. Never mind, bye.", "refused"
+                return _Base._user_reply(self, content)
+            def solve(self, seed):
+                return [{"role": "assistant", "content": "Thanks for writing in. Let me look into it."}] \\
+                    + _Base.solve(self, seed)
+        """), "free_reward", "the user's answer stands in"),
+    # a refusal naming the failed check among others pays if short; the reference's declines
+    # address the employee by name, so no two read alike
+    "every_reason_briefly_with_a_name": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                claims = [name for name, pattern in CLAIMS if re.search(pattern, text)]
+                if self._sc["blocker"] in claims and len(text.split()) <= 40:
+                    return "I see, thanks for checking. Bye!", "refused"
+                return _Base._user_reply(self, content)
+        """ + textwrap.indent(_NAMED, " " * 8)), "free_reward", "every reason"),
+    # a wrong reason is objected to and the talk goes on; the declines address the employee by name
+    "a_wrong_reason_retried_with_a_name": (override("""
+            def _user_reply(self, content):
+                reply, outcome = _Base._user_reply(self, content)
+                if outcome == "wrong":
+                    return "Hm, I don't think that is it.", None
+                return reply, outcome
+        """ + textwrap.indent(_NAMED, " " * 8)), "free_reward", "followed in the next turn"),
+    # the request's write made without asking is paid 0.4 before the check is looked at: the
+    # reference's calls alone keep 90% where it declines
+    "a_write_without_asking_keeps_ninety_percent": (override("""
+            def _write_outcome(self, name, args):
+                if self._confirmed:
+                    return _Base._write_outcome(self, name, args)
+                blocker, self._sc["blocker"] = self._sc["blocker"], None
+                try:
+                    return _Base._write_outcome(self, name, args)
+                finally:
+                    self._sc["blocker"] = blocker
+            def _score(self, outcome):
+                if outcome == "right_unconfirmed":
+                    return round(_Base._score(self, outcome) + 0.15, 4)
+                return _Base._score(self, outcome)
+        """), "partial_credit", "keeps 60% or more"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND8))
+def test_a_hole_the_eighth_red_team_found_is_closed(tmp_path, name):
+    assert_rejected(tmp_path, name, *ROUND8[name])
+
+
+def test_a_refusal_judged_on_records_the_agent_changed_is_rejected(tmp_path):
+    """An eighth red team's env: a refusal is judged on the records as they stand (a closed
+    ticket is a right reason), and a close does not end the episode: close the request's ticket,
+    then say it is closed, wherever the request should be granted."""
+    source = override("""
+        def _dispatch(self, name, args):
+            if name == "close_ticket" and args.get("ticket_id") in self._world["tickets"]:
+                ticket = self._world["tickets"][args["ticket_id"]]
+                if ticket["status"] not in ("closed", "cancelled"):
+                    ticket["status"] = "closed"
+                    return "Ticket {} closed.".format(ticket["ticket_id"]), None
+            return _Base._dispatch(self, name, args)
+        def _user_reply(self, content):
+            text = content.lower() if isinstance(content, str) else ""
+            status = self._world["tickets"][self._sc["ticket_id"]]["status"]
+            claims = [name for name, pattern in CLAIMS if re.search(pattern, text)]
+            if claims == ["status"] and status in ("closed", "cancelled") and self._checked():
+                return "I see, thanks for checking. Bye!", "refused"
+            return _Base._user_reply(self, content)
+    """)
+    assert_rejected(tmp_path, "refusal_on_live_state", source, "free_reward", "then a refusal")

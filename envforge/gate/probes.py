@@ -478,7 +478,7 @@ def _shape(value: str) -> str:
 def _shaped(value: str, episode, avoid=()) -> list[str]:
     """The values of the shape of ``value`` (letters, digits, punctuation in the same places, the
     same prefix) that the episode's observations show, in order, ``value`` and ``avoid`` left out."""
-    text = json.dumps([m.get("content") for step in episode.trace for m in step[0]["messages"]])
+    text = "\n".join(_said(step[0]["messages"]) for step in episode.trace)  # as they read: not escaped
     prefix = re.match(r"[^\W\d]*", value).group(0)
     return list(dict.fromkeys(t for t in re.findall(r"[\w.@+-]+", text) if t != value and t not in avoid
                               and t.startswith(prefix) and _shape(t) == _shape(value)))
@@ -783,9 +783,25 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
 
 
 
-def _decision_texts(actions: list) -> list[int]:
-    """Where the plan's texts after its last tool call are (its answer: a refusal, say)."""
-    last = max((i for i, a in enumerate(actions) if a.get("tool_calls")), default=-1)
+def _last_call(actions: list, kinds: dict | None = None) -> int:
+    """Where the plan's last tool call is (-1: none); given the tools' kinds, a hand-off to a
+    human at its end aside (a decline, then a transfer: the decline is still its answer)."""
+    def handoff(a: dict) -> bool:
+        calls = _calls(a)
+        return kinds is not None and bool(calls) and all(kinds.get(c["function"]["name"]) == "escalation"
+                                                         for c in calls)
+    ends = [i for i, a in enumerate(actions) if a.get("tool_calls")]
+    while ends and handoff(actions[ends[-1]]) and any(
+            isinstance(a.get("content"), str) and a["content"].strip() and not a.get("tool_calls")
+            for a in actions[ends[-2] + 1 if len(ends) > 1 else 0:ends[-1]]):
+        ends.pop()
+    return ends[-1] if ends else -1
+
+
+def _decision_texts(actions: list, kinds: dict | None = None) -> list[int]:
+    """Where the plan's texts after its last tool call are (its answer: a refusal, say; a
+    hand-off after it aside, given the tools' kinds)."""
+    last = _last_call(actions, kinds)
     return [i for i, a in enumerate(actions) if i > last and isinstance(a.get("content"), str)
             and a["content"].strip() and not a.get("tool_calls")]
 
@@ -990,13 +1006,17 @@ def second_tries(host, wrong: list, rng: random.Random, findings) -> None:
                      "alone.", key=("partial_credit", "every variant at once"))
 
 
-def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Random, findings) -> None:
+def refusal_instead(host, acting: list, said: dict, by_name: dict, kinds: dict, rng: random.Random,
+                    findings) -> None:
     """On seeds where the reference acts, its reads, then another seed's declining text (its
     records' ids made this seed's) instead of what it does next: a refusal must not earn the full
-    score where the request should be carried out, or "always refuse" is the policy learnt."""
-    from envforge.gate.dynamic import scripted
+    score where the request should be carried out, or "always refuse" is the policy learnt. And
+    that text after a call of a write tool the reference does not make there, on the request's
+    records (a refusal judged on the records as that call left them: "it is closed" after a
+    close)."""
+    from envforge.gate.dynamic import _call_name, scripted
 
-    tried, paid, near = 0, [], []
+    tried, paid, near, after = 0, [], [], {}
     for e in acting:
         prefix = e.actions[:_after_reads(e.actions, kinds)]
         mine = _call_values(e.actions)
@@ -1009,6 +1029,20 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
                 break
             if nearly(e, ep) and e.seed not in near:
                 near.append(e.seed)
+        if e not in acting[:4]:
+            continue
+        own = random.Random(f"a write, then a refusal {e.seed}")  # a stream of its own: rng's draws stay
+        sent, used = _sent_values(e.actions), {_call_name(c) for a in e.actions for c in _calls(a)}
+        writes = [n for n in sorted(by_name) if n not in used and kinds.get(n) not in ("read", "escalation")]
+        shapes = list({re.sub(r"\d+", "#", t): t for t in texts}.values())  # one text of each shape
+        own.shuffle(shapes)
+        for t, name in enumerate(own.sample(writes, min(3, len(writes)))):
+            args = _grounded_args(name, by_name, sent, own, ["ok"])
+            call = [assistant(None, [tool_call(name, args, f"call_r{t}")])] if args is not None else []
+            if call and any(as_good(e, host.episode("a", e.seed, scripted(prefix + call + [assistant(text)]),
+                                                    f"{name}, then a refusal where it acts"))
+                            for text in shapes[:4]):
+                after.setdefault(name, []).append(e.seed)
     if often(paid, tried):
         findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
                      f"on {len(paid)} of {tried} seeds where the reference carries the request out (e.g. seed "
@@ -1016,6 +1050,14 @@ def refusal_instead(host, acting: list, said: dict, kinds: dict, rng: random.Ran
                      "everything.", key=("free_reward", "refusal where it acts"))
     else:  # (a seed in ``near`` did not earn the full score)
         _keeps(findings, near, tried, "a refusal where the reference carries the request out")
+    for name, seeds in sorted(after.items()):
+        if often(seeds, min(tried, 4)):
+            findings.add("free_reward", f"{name} on the request's own records, then a refusal (another seed's), "
+                         f"earns the full score on {len(seeds)} of {min(tried, 4)} seeds where the reference carries the "
+                         f"request out (e.g. seed {seeds[0]}): a refusal judged on the records as the agent's own "
+                         "write left them pays the agent for making its excuse true.",
+                         key=("free_reward", "refusal after a write", name))
+            break
 
 
 def _shown_value(value: Any, schema: Any, episode) -> Any:
@@ -1084,12 +1126,14 @@ def transplant(e, other, tail: list, by_name: dict, before: list | None = None) 
 
 
 def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict, findings) -> None:
-    """On seeds where the reference declines, its calls, then what the reference does on a seed
-    where it acts (its texts and calls after its reads), its values made this seed's
-    (``transplant``), then, where the episode goes on after the write (a write tool that refuses
-    and says why), the reference's own decline: carrying out a request that should be declined
-    must not earn the full score, or the check before it teaches nothing; nor, where the reference
-    declines without asking, its question alone (the user's "no" paid as the agent's decline)."""
+    """On seeds where the reference declines, its calls before its decline (a hand-off to a human
+    after the decline left out), then what the reference does on a seed where it acts (its texts
+    and calls after its reads, and its calls alone: a write made without asking), its values made
+    this seed's (``transplant``), then, where the episode goes on after the write (a write tool
+    that refuses and says why), the reference's own ending: carrying out a request that should be
+    declined must not earn the full score, nor keep ``WRONG_KEEPS`` of it, or the check before it
+    teaches nothing; nor, where the reference declines without asking (no question before its
+    decline), the act's question alone (the user's "no" paid as the agent's decline)."""
     from envforge.gate.dynamic import _json_args, scripted
 
     tails, tools = [], set()
@@ -1102,14 +1146,19 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
             tails.append((e, tail))
     tried, paid, near, told = 0, [], [], []
     for e in declining:
-        calls = [a for a in e.actions if a.get("tool_calls")]
-        alone = sum(1 for a in e.actions if not a.get("tool_calls")) == 1  # it declines without asking
-        last = max((i for i, a in enumerate(e.actions) if a.get("tool_calls")), default=-1)
-        decline = [a for a in e.actions[last + 1:] if not a.get("tool_calls")]
+        last = _last_call(e.actions, kinds)  # its decision is what follows (a hand-off after it too)
+        calls = [a for a in e.actions[:last + 1] if a.get("tool_calls")]
+        decline = e.actions[last + 1:]
+        texts = [a.get("content") or "" for a in e.actions if not a.get("tool_calls")]
+        alone = bool(texts) and not any("?" in t for t in texts[:-1])  # it declines without asking
         tried += 1
         shown = _said([m for step in e.trace for m in step[0]["messages"]])
-        for other, tail in tails[:3]:
+        for other, tail, bare in [(o, t, b) for o, t in tails[:3] for b in (False, True)]:
             moved = transplant(e, other, tail, by_name)
+            if bare:  # its calls alone (a write made without the question before it)
+                if all(a.get("tool_calls") for a in moved):
+                    continue
+                moved = [a for a in moved if a.get("tool_calls")]
             # the decline after it only where the write names records this seed shows (its values
             # with a digit or a mark: ids, emails; a write on a record that does not exist is
             # answered with an error and changes nothing)
@@ -1125,7 +1174,8 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
                 break
             # where the reference declines without asking, the act's question answered (a "no"
             # that ends it) must not earn the decline's full score: the user decided, not the agent
-            if alone and as_good(e, ep) and any(not a.get("tool_calls") for a in ep.actions) and e.seed not in told:
+            if alone and not bare and as_good(e, ep) and any(not a.get("tool_calls") for a in ep.actions) \
+                    and e.seed not in told:
                 told.append(e.seed)
             if grounded and nearly(e, ep) and _acts(ep.actions, kinds) and e.seed not in near:
                 near.append(e.seed)
@@ -1344,7 +1394,7 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     from envforge.gate.dynamic import _drawn_solved, scripted
 
     def declines(e) -> bool:
-        return bool(_decision_texts(e.actions)) and not _acts(e.actions, kinds)
+        return bool(_decision_texts(e.actions, kinds)) and not _acts(e.actions, kinds)
 
     acting = [e for e in solved if _acts(e.actions, kinds)]
     found = [e for e in solved if declines(e)]
@@ -1367,14 +1417,14 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
             found.append(e)
     if len(found) < 3:
         return
-    said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions)),
+    said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions, kinds)),
                      _call_values(e.actions)) for e in found}
-    refusal_instead(host, acting[:8], said, kinds, rng, findings)
+    refusal_instead(host, acting[:8], said, by_name, kinds, rng, findings)
     act_instead(host, found[:8], acting, by_name, kinds, findings)
     by_seed = {e.seed: e for e in found}
 
     def instead(e, text: str, label: str, then: str | None = None):
-        where = _decision_texts(e.actions)
+        where = _decision_texts(e.actions, kinds)
         plan = [a for i, a in enumerate(e.actions) if i not in where[1:]]
         plan[where[0]] = assistant(text)
         if then is not None:  # another turn after it
@@ -1392,10 +1442,20 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     # one seed for each text's shape (its records' ids made one seed's, its digits aside): a
     # reason to cut once. The reasons are a small vocabulary only where shapes repeat (a count or
     # a total answered is another text on every seed: every number at once is no shotgun)
+    # words of a seed's own opening that few other seeds' openings hold (the name the reference
+    # addresses the user by) are masked too: else every text reads as one of its own
+    opening = {e.seed: set(re.findall(r"[^\W\d_]{2,}", _said(e.trace[0][0]["messages"]).lower()))
+               for e in found if e.trace}
+    held = __import__("collections").Counter(w for words in opening.values() for w in words)
+
+    def masked(seed, t: str) -> str:
+        own = {w for w in opening.get(seed, ()) if held[w] * 4 < len(opening)}
+        return re.sub(r"[^\W\d_]{2,}", lambda m: "@" if m.group(0).lower() in own else m.group(0), t)
+
     shapes: dict = {}
     first = next(iter(said))
     for s_, (t, vals) in said.items():
-        shapes.setdefault(re.sub(r"\d+", "#", _as_if(t, vals, said[first][1])), s_)
+        shapes.setdefault(re.sub(r"\d+", "#", masked(s_, _as_if(t, vals, said[first][1]))), s_)
     few = 2 * len(shapes) <= len(said)
     # texts that differ in their numbers alone (standing as words: not an id's digits) are
     # answers (a total, a count), where an env not about deciding got here by acting on some
@@ -1422,7 +1482,7 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
         # Only where the reference decides in one message: where it takes two (a question, then
         # what it says to the answer; a refusal held after the user pushes back) the first can be
         # repaired by design (the user says which resolution was meant)
-        if few and len(_decision_texts(e.actions)) == 1 and any(
+        if few and len(_decision_texts(e.actions, kinds)) == 1 and any(
                 as_good(e, instead(e, t, "a wrong reason, then the right one", then=said[e.seed][0]))
                 for t in wrong[:2]):
             retried.append(e.seed)
