@@ -497,6 +497,14 @@ class Runner:
         i = (req or {}).get("instance")
         if type(i) is int and 0 <= i < len(self.instances):
             look("self", self.instances[i])
+            try:  # too large as a whole (a database on self): each attribute on its own
+                d = object.__getattribute__(self.instances[i], "__dict__")
+            except AttributeError:
+                d = None
+            if out["self"] == "too large" and type(d) is dict:
+                for attr, v in list(dict.items(d)):
+                    if type(attr) is str:
+                        look("self." + attr, v)
         return ENCODE(out)
 
     def resets(self, env, seeds, max_s):

@@ -1234,6 +1234,17 @@ ROUND8 = {
                     return round(_Base._score(self, outcome) + 0.15, 4)
                 return _Base._score(self, outcome)
         """), "partial_credit", "keeps 60% or more"),
+    # a count of episodes on the instance (the check dropped after 50,000), the instance padded
+    # past the state digest's depth so that it was not judged at all
+    "a_counter_on_a_padded_instance": (override("""
+            def __init__(self):
+                self.played, self.pad = 0, None
+                for slot in range(500):
+                    self.pad = (slot, self.pad)
+            def reset(self, seed):
+                self.played += 1
+                return _Base.reset(self, seed)
+        """), "isolation", "an instance reset to the same seed holds other state"),
 }
 
 

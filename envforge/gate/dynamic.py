@@ -642,8 +642,12 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
     after = _state(host) if before is not None else None
     if after is None or after[1] is not before[1]:  # no runner op, or another process since
         return
-    # an instance too large to digest (a retail-sized database on self) is not judged
-    large = sorted(k for k, v in after[0].items() if v == "too large" and k != "self")
+    # an instance too large to digest (a retail-sized database on self) is judged by its
+    # attributes each ("self.name"), those too large themselves aside
+    def own(k: str) -> bool:
+        return k == "self" or k.startswith("self.")
+
+    large = sorted(k for k, v in after[0].items() if v == "too large" and not own(k))
     if large:
         findings.add("isolation", f"module-level state too large or too deep to check: {', '.join(large[:6])} "
                      "(over a million values, or nested over 400 levels). Keep module and class "
@@ -651,10 +655,10 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
                      key=("isolation", "module state size"))
     changed = sorted(k for k in set(before[0]) | set(after[0])
                      if before[0].get(k) != after[0].get(k) and k not in large
-                     and not (k == "self" and "too large" in (before[0].get(k), after[0].get(k))))
-    instance = "self" in changed
+                     and not (own(k) and "too large" in (before[0].get(k), after[0].get(k))))
+    instance = any(own(k) for k in changed)
     if instance:
-        changed.remove("self")
+        changed = [k for k in changed if not own(k)]
         findings.add("isolation", "an instance reset to the same seed holds other state after more episodes "
                      "(after hundreds of them, then more): reset keeps something from the episodes before "
                      "it (a count of episodes played, a cache, a flag set in step). Training resets one "
