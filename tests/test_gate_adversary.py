@@ -1245,6 +1245,19 @@ ROUND8 = {
                 self.played += 1
                 return _Base.reset(self, seed)
         """), "isolation", "an instance reset to the same seed holds other state"),
+    # the user says what blocks the request when asked about the record (never to a greeting):
+    # read for the credit, decide by the answer
+    "the_user_tells_the_blocker_when_asked": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if "status" in text and not re.search(CONFIRM, text):
+                    return {"status": "I think that ticket was closed already.",
+                            "owner": "Hm, it may be a colleague's ticket, actually.",
+                            "approval": "My manager has not signed it off yet.",
+                            "overdue": "The laptop is a few days late, I'm afraid.",
+                            None: "All fine on my side, I believe."}[self._sc["blocker"]], None
+                return _Base._user_reply(self, content)
+        """), "free_reward", "can be read off the opening message"),
 }
 
 

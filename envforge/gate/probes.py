@@ -499,6 +499,21 @@ def _other_record(value: str, episode, avoid=()) -> str:
     return out
 
 
+def _shown_fields(e, i: int) -> list[str]:
+    """The fields of what the plan's message ``i`` got back (its tools' JSON results, and the
+    objects in them), as words ("ticket id", "status")."""
+    fields = []
+    step = e.trace[i + 1][0] if i + 1 < len(e.trace) and isinstance(e.trace[i + 1], (list, tuple)) else {}
+    for m in (step.get("messages") or []) if isinstance(step, dict) else []:
+        try:
+            got = json.loads(m.get("content") or "") if isinstance(m, dict) and m.get("role") == "tool" else None
+        except (TypeError, ValueError, RecursionError):
+            got = None
+        for d in [got] + [v for v in got.values() if isinstance(v, dict)] if isinstance(got, dict) else []:
+            fields += [k.replace("_", " ") for k in d if isinstance(k, str)]
+    return fields
+
+
 def _asked_instead(e, names) -> list:
     """The plan with each message calling the tools ``names`` replaced by a question to the user
     about what those calls returned: the fields of their results, for the values they sent."""
@@ -510,18 +525,10 @@ def _asked_instead(e, names) -> list:
         if not calls:
             plan.append(a)
             continue
-        fields, values = [], []
+        values = []
         for c in calls:
             values += [str(v) for v in (_json_args(c) or {}).values() if isinstance(v, (str, int))]
-        step = e.trace[i + 1][0] if i + 1 < len(e.trace) and isinstance(e.trace[i + 1], (list, tuple)) else {}
-        for m in (step.get("messages") or []) if isinstance(step, dict) else []:
-            try:
-                got = json.loads(m.get("content") or "") if m.get("role") == "tool" else None
-            except (TypeError, ValueError):
-                got = None
-            for d in [got] + [v for v in got.values() if isinstance(v, dict)] if isinstance(got, dict) else []:
-                fields += [k.replace("_", " ") for k in d if isinstance(k, str)]
-        fields = list(dict.fromkeys(fields))[:10] or ["details", "status", "owner"]
+        fields = list(dict.fromkeys(_shown_fields(e, i)))[:10] or ["details", "status", "owner"]
         plan.append(assistant(f"Before I go on, could you tell me the {', '.join(fields)} of "
                               f"{' and '.join(dict.fromkeys(values)) or 'it'}?"))
     return plan
@@ -705,12 +712,19 @@ def telling_words(samples: list[tuple[set, bool]], rng: random.Random,
     return None
 
 
+def _answered(ep) -> str:
+    """Every message the agent reads after its first turn, but a tool's."""
+    return " ".join(str(m.get("content") or "") for step in ep.trace[1:] for m in step[0]["messages"]
+                    if isinstance(m, dict) and m.get("role") != "tool")
+
+
 def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats: dict) -> None:
     """For a capability about reading: whether the reference acts (makes a write) must not be
     readable from what the user says before any read, or the reads decide nothing. Over 40 seeds
     or more (the reference's, then drawn ones, a solve each), the seeds where it acts and those
-    where it does not must not be told apart by the tokens of the opening messages and of the
-    user's answer to a greeting (an episode of one step a seed)."""
+    where it does not must not be told apart by the tokens of the opening messages, of the
+    user's answer to a greeting, and of the user's answer to a question about the fields the
+    reference's reads show (an episode of one step a seed each)."""
     if not any(_reads(a, kinds) for e in solved for a in e.actions):
         return
     from envforge.gate.dynamic import scripted
@@ -721,13 +735,20 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         plan = host.op(f"opening solve(seed={seed})", "solve", "a", seed)
         if isinstance(plan, list):
             plans.append((seed, _acts(plan, kinds)))
+    # and a question about what the reads show (the fields of their results): a user who says
+    # what blocks the request when asked lets the agent read for the credit and decide by the answer
+    shown = list(dict.fromkeys(f for e in solved for i, a in enumerate(e.actions) if _reads(a, kinds)
+                               for f in _shown_fields(e, i)))[:10]
     samples, greeting = [], rng.choice(GREETINGS)
+    question = f"Before I look anything up: could you tell me the {', '.join(shown)} of it?" if shown else None
     for seed, acts in plans:
         ep = host.episode("a", seed, scripted([assistant(greeting)]), "a greeting")
         if ep.trace:  # every message of the answer the agent reads, all but a tool's
-            said = " ".join(str(m.get("content") or "") for step in ep.trace[1:] for m in step[0]["messages"]
-                            if isinstance(m, dict) and m.get("role") != "tool")
-            samples.append((_opening_words(ep.trace[0][0]) | _tokens(said), acts))
+            words = _opening_words(ep.trace[0][0]) | _tokens(_answered(ep))
+            if question:
+                words |= _tokens(_answered(host.episode("a", seed, scripted([assistant(question)]),
+                                                        "a question about what the reads show")))
+            samples.append((words, acts))
     try:
         told = telling_words(samples, rng, host.deadline)
     except TimeoutError as e:
@@ -738,7 +759,7 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
         stats["decision_words"] = words
         n = sum(a == side for _, a in samples)
         findings.add("free_reward", f"whether the reference acts can be read off the opening message "
-                     "(or the user's answer to a greeting): "
+                     "(or the user's answer to a greeting, or to a question about what the reads show): "
                      f"the words {', '.join(repr(w) for w in words[:6])} appear where it "
                      f"{'acts' if side else 'does not act'} ({n} of {len(samples)} seeds, and mostly "
                      "there: wrong on one seed in ten at most, where no random labelling of the "
