@@ -469,11 +469,12 @@ class Runner:
     def state(self, req=None):
         """The gate's look at what outlives an episode: a digest per module-level name of the env
         (a class's attributes each under "Class.name", an attribute added to a module it imported
-        under "module.name"), and with an "instance", that instance's attributes under "self"
-        (the gate resets it to one seed first). Equal digests in one process mean equal state; a
+        under "module.name"), and with an "instance", that instance's attributes (the gate
+        resets it to one seed first). Equal digests in one process mean equal state; a
         name whose digest changes between two looks holds state the env's instances share (a
         counter, a cache, a flag), which the contract forbids, or that an instance keeps across
-        its resets (a count of the episodes it has played)."""
+        its resets (a count of the episodes it has played): the instance's attributes and slots
+        each under "self.name", so that one too large to digest leaves the others judged."""
         out = {}
 
         def look(name, value):
@@ -496,15 +497,23 @@ class Runner:
                 look(f"{mod.__name__}.{attr}", mod.__dict__[attr])
         i = (req or {}).get("instance")
         if type(i) is int and 0 <= i < len(self.instances):
-            look("self", self.instances[i])
-            try:  # too large as a whole (a database on self): each attribute on its own
-                d = object.__getattribute__(self.instances[i], "__dict__")
+            inst = self.instances[i]
+            try:
+                d = object.__getattribute__(inst, "__dict__")
             except AttributeError:
                 d = None
-            if out["self"] == "too large" and type(d) is dict:
-                for attr, v in list(dict.items(d)):
-                    if type(attr) is str:
-                        look("self." + attr, v)
+            d = d if type(d) is dict else {}
+            slots = [s for c in type(inst).__mro__ for s in c.__dict__.get("__slots__", ())
+                     if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+            # each attribute and slot on its own ("self.name"): one too large to digest (a
+            # database) leaves the others judged, and nothing is walked twice
+            for attr, v in list(dict.items(d)):
+                if type(attr) is str:
+                    look("self." + attr, v)
+            for s in slots:
+                look("self." + s, getattr(inst, s, None))
+            if not d and not slots:
+                look("self", inst)
         return ENCODE(out)
 
     def resets(self, env, seeds, max_s):

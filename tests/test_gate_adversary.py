@@ -1258,6 +1258,16 @@ ROUND8 = {
                             None: "All fine on my side, I believe."}[self._sc["blocker"]], None
                 return _Base._user_reply(self, content)
         """), "free_reward", "can be read off the opening message"),
+    # a text sent with a call is read by the user first: a question sent with the write it asks
+    # about confirms it, and the agent never waits for the answer
+    "a_question_sent_with_the_write_confirms_it": (override("""
+            def step(self, action):
+                text = action.get("content") if isinstance(action, dict) else None
+                if isinstance(action, dict) and action.get("tool_calls") and isinstance(text, str):
+                    if re.search(CONFIRM, text.lower()) and self._details_ok(text.lower()):
+                        self._confirmed = True
+                return _Base.step(self, action)
+        """), "free_reward", "in the same message as the tool call"),
 }
 
 
@@ -1287,3 +1297,24 @@ def test_a_refusal_judged_on_records_the_agent_changed_is_rejected(tmp_path):
             return _Base._user_reply(self, content)
     """)
     assert_rejected(tmp_path, "refusal_on_live_state", source, "free_reward", "then a refusal")
+
+
+def test_a_decline_is_the_plans_answer_whatever_follows_it_that_decides_nothing():
+    """A decline followed by a hand-off or a read is still the plan's answer (an eighth red team
+    hid a decline behind a transfer); a write after a text is not; a text sent with the call
+    after it is one message (a question with the write it asks about)."""
+    from envforge.contract import assistant, tool_call
+    from envforge.gate.probes import _decision_texts, _said_with_calls
+    kinds = {"get": "read", "transfer": "escalation", "close": "write"}
+
+    def call(name):
+        return assistant(None, [tool_call(name, {}, f"call_{name}")])
+    said = assistant("It is on hold, so I cannot close it.")
+    assert _decision_texts([call("get"), said, call("transfer")], kinds) == [1]
+    assert _decision_texts([call("get"), said, call("get")], kinds) == [1]
+    assert _decision_texts([call("get"), said, call("transfer")]) == []  # kinds unknown: as before
+    assert _decision_texts([call("get"), said, call("close")], kinds) == []
+    assert _decision_texts([call("get"), call("transfer"), said], kinds) == [2]
+    plan = _said_with_calls([call("get"), assistant("Shall I close it?"), call("close"), assistant("Done.")])
+    assert [(a.get("content"), [c["function"]["name"] for c in a.get("tool_calls") or []]) for a in plan] == [
+        (None, ["get"]), ("Shall I close it?", ["close"]), ("Done.", [])]

@@ -995,8 +995,9 @@ def test_the_runner_arms_a_cpu_limit_per_call_from_the_work_asked():
 
 
 def test_the_state_op_digests_an_instance_as_its_reset_left_it(make):
-    """The gate's "state" op with an instance: "self" is that instance's digest, the same after a
-    reset to the same seed unless the instance keeps something across its resets (a count)."""
+    """The gate's "state" op with an instance: "self.<name>" is each of its attributes' digest,
+    the same after a reset to the same seed unless the instance keeps something across its
+    resets (a count); one too large to digest leaves the others judged."""
     kept = make(env_with(reset="self.played = getattr(self, 'played', 0) + 1\nreturn {'messages': []}, {}"))
     clean = make(env_with(reset="self.played = seed\nreturn {'messages': []}, {}"))
     for sb, same in ((kept, False), (clean, True)):
@@ -1005,8 +1006,16 @@ def test_the_state_op_digests_an_instance_as_its_reset_left_it(make):
         for _ in range(2):
             sb.reset(0, 0)
             looks.append(sb.call("state", instance=0))
-        assert "self" in looks[0] and (looks[0]["self"] == looks[1]["self"]) is same
-        assert "self" not in sb.call("state")  # without an instance: the module's names only
+        assert "self.played" in looks[0] and (looks[0]["self.played"] == looks[1]["self.played"]) is same
+        assert not [k for k in sb.call("state") if k.startswith("self")]  # without one: the module's names
+    padded = make(env_with(reset="self.pad = None\nfor i in range(500):\n    self.pad = (i, self.pad)\n"
+                                 "self.played = getattr(self, 'played', 0) + 1\nreturn {'messages': []}, {}"))
+    padded.new()
+    looks = []
+    for _ in range(2):
+        padded.reset(0, 0)
+        looks.append(padded.call("state", instance=0))
+    assert looks[0]["self.pad"] == "too large" and looks[0]["self.played"] != looks[1]["self.played"]
 
 
 def test_the_state_digest_sees_what_outlives_an_episode():

@@ -642,8 +642,8 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
     after = _state(host) if before is not None else None
     if after is None or after[1] is not before[1]:  # no runner op, or another process since
         return
-    # an instance too large to digest (a retail-sized database on self) is judged by its
-    # attributes each ("self.name"), those too large themselves aside
+    # the instance is judged by its attributes each ("self.name"), those too large to digest (a
+    # retail-sized database on self) aside
     def own(k: str) -> bool:
         return k == "self" or k.startswith("self.")
 

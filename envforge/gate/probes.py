@@ -479,6 +479,7 @@ def _shaped(value: str, episode, avoid=()) -> list[str]:
     """The values of the shape of ``value`` (letters, digits, punctuation in the same places, the
     same prefix) that the episode's observations show, in order, ``value`` and ``avoid`` left out."""
     text = "\n".join(_said(step[0]["messages"]) for step in episode.trace)  # as they read: not escaped
+    text = re.sub(r"\\[nrt]", " ", text)  # nor a JSON text's own escapes (a tool's result as JSON)
     prefix = re.match(r"[^\W\d]*", value).group(0)
     return list(dict.fromkeys(t for t in re.findall(r"[\w.@+-]+", text) if t != value and t not in avoid
                               and t.startswith(prefix) and _shape(t) == _shape(value)))
@@ -509,7 +510,10 @@ def _shown_fields(e, i: int) -> list[str]:
             got = json.loads(m.get("content") or "") if isinstance(m, dict) and m.get("role") == "tool" else None
         except (TypeError, ValueError, RecursionError):
             got = None
-        for d in [got] + [v for v in got.values() if isinstance(v, dict)] if isinstance(got, dict) else []:
+        inner = [v for v in got.values() if isinstance(v, dict)] + [
+            x for v in got.values() if isinstance(v, list) for x in v[:8] if isinstance(x, dict)] \
+            if isinstance(got, dict) else []
+        for d in [got] + inner if isinstance(got, dict) else []:
             fields += [k.replace("_", " ") for k in d if isinstance(k, str)]
     return fields
 
@@ -738,7 +742,7 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
     # and a question about what the reads show (the fields of their results): a user who says
     # what blocks the request when asked lets the agent read for the credit and decide by the answer
     shown = list(dict.fromkeys(f for e in solved for i, a in enumerate(e.actions) if _reads(a, kinds)
-                               for f in _shown_fields(e, i)))[:10]
+                               for f in _shown_fields(e, i)))[:16]
     samples, greeting = [], rng.choice(GREETINGS)
     question = f"Before I look anything up: could you tell me the {', '.join(shown)} of it?" if shown else None
     for seed, acts in plans:
@@ -768,15 +772,33 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
                      key=("free_reward", "decision in opening"))
 
 
+def _said_with_calls(actions: list) -> list:
+    """The plan with each text before a tool call sent in that call's message instead of on its
+    own (a question and the write it asks about, at once); texts after the last call stay."""
+    plan, pending = [], []
+    for a in actions:
+        if a.get("tool_calls"):
+            text = " ".join(pending + [a["content"]] if isinstance(a.get("content"), str) else pending)
+            plan.append({**a, "content": text or a.get("content")})
+            pending = []
+        elif isinstance(a.get("content"), str) and a["content"].strip():
+            pending.append(a["content"].strip())
+        else:
+            plan.append(a)
+    return plan + [assistant(t) for t in pending]
+
+
 def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
     """The reference's tool calls without its texts (what it asked or told the user), on seeds
     where it says something before it acts. Where that lowers the score the texts matter, and
     then the same calls with every read made twice must score lower too: an env that takes a
-    repeated read for the user's confirmation lets the agent skip asking. Returns the calls-only
+    repeated read for the user's confirmation lets the agent skip asking; and so must the texts
+    sent in the messages of the calls after them (a question and the write it asks about at once:
+    an env that shows the user the text first pays not waiting for the answer). Returns the calls-only
     episodes (replayed later in fresh instances: an env that remembers an earlier episode's
     confirmation scores them otherwise there)."""
     from envforge.gate.dynamic import scripted
-    out, lowered, paid = [], 0, []
+    out, lowered, paid, along = [], 0, [], []
     for e in solved:
         if len(out) >= 8:
             break
@@ -795,6 +817,14 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
             again = host.episode("a", e.seed, scripted(twice), "calls only, reads twice")
             if as_good(e, again):
                 paid.append(e.seed)
+        if as_good(e, host.episode("a", e.seed, scripted(_said_with_calls(e.actions)), "texts sent with the calls")):
+            along.append(e.seed)
+    if often(along, lowered):
+        findings.add("free_reward", f"the reference's texts sent in the same message as the tool call after them "
+                     f"(its question with the write it asks about) earn the full score ({len(along)} of {lowered} "
+                     f"seeds where the calls alone score lower, e.g. seed {along[0]}): the user cannot answer a "
+                     "question before the call it asks about runs, so the agent learns not to wait for the "
+                     "answer.", key=("free_reward", "texts with the calls"))
     if often(paid, lowered):
         findings.add("free_reward", f"without the reference's texts the score falls, but with every read "
                      f"made twice it is full again ({len(paid)} of {lowered} seeds, e.g. seed {paid[0]}): "
@@ -805,11 +835,12 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
 
 
 def _last_call(actions: list, kinds: dict | None = None) -> int:
-    """Where the plan's last tool call is (-1: none); given the tools' kinds, a hand-off to a
-    human at its end aside (a decline, then a transfer: the decline is still its answer)."""
+    """Where the plan's last tool call is (-1: none); given the tools' kinds, calls at its end
+    after a text that neither act nor write aside (a decline, then a transfer to a human or a
+    read: the decline is still its answer)."""
     def handoff(a: dict) -> bool:
         calls = _calls(a)
-        return kinds is not None and bool(calls) and all(kinds.get(c["function"]["name"]) == "escalation"
+        return kinds is not None and bool(calls) and all(kinds.get(c["function"]["name"]) in ("read", "escalation")
                                                          for c in calls)
     ends = [i for i, a in enumerate(actions) if a.get("tool_calls")]
     while ends and handoff(actions[ends[-1]]) and any(
@@ -1028,7 +1059,7 @@ def second_tries(host, wrong: list, rng: random.Random, findings) -> None:
 
 
 def refusal_instead(host, acting: list, said: dict, by_name: dict, kinds: dict, rng: random.Random,
-                    findings) -> None:
+                    findings, masked=lambda seed, text: text) -> None:
     """On seeds where the reference acts, its reads, then another seed's declining text (its
     records' ids made this seed's) instead of what it does next: a refusal must not earn the full
     score where the request should be carried out, or "always refuse" is the policy learnt. And
@@ -1037,7 +1068,7 @@ def refusal_instead(host, acting: list, said: dict, by_name: dict, kinds: dict, 
     close)."""
     from envforge.gate.dynamic import _call_name, scripted
 
-    tried, paid, near, after = 0, [], [], {}
+    tried, paid, near, after, writing = 0, [], [], {}, {}
     for e in acting:
         prefix = e.actions[:_after_reads(e.actions, kinds)]
         mine = _call_values(e.actions)
@@ -1052,17 +1083,20 @@ def refusal_instead(host, acting: list, said: dict, by_name: dict, kinds: dict, 
                 near.append(e.seed)
         if e not in acting[:4]:
             continue
-        own = random.Random(f"a write, then a refusal {e.seed}")  # a stream of its own: rng's draws stay
+        own = random.Random("a write, then a refusal")  # its own stream (rng's draws stay), alike on every seed
         sent, used = _sent_values(e.actions), {_call_name(c) for a in e.actions for c in _calls(a)}
         writes = [n for n in sorted(by_name) if n not in used and kinds.get(n) not in ("read", "escalation")]
-        shapes = list({re.sub(r"\d+", "#", t): t for t in texts}.values())  # one text of each shape
+        shapes = list({re.sub(r"\d+", "#", masked(s, t)): _as_if(t, vals, mine)  # one text of each shape
+                       for s, (t, vals) in said.items()}.values())
         own.shuffle(shapes)
-        for t, name in enumerate(own.sample(writes, min(3, len(writes)))):
+        for t, name in enumerate(own.sample(writes, min(5, len(writes)))):  # same tools on every seed
             args = _grounded_args(name, by_name, sent, own, ["ok"])
-            call = [assistant(None, [tool_call(name, args, f"call_r{t}")])] if args is not None else []
-            if call and any(as_good(e, host.episode("a", e.seed, scripted(prefix + call + [assistant(text)]),
-                                                    f"{name}, then a refusal where it acts"))
-                            for text in shapes[:4]):
+            if args is None:
+                continue
+            writing[name] = writing.get(name, 0) + 1
+            call = [assistant(None, [tool_call(name, args, f"call_r{t}")])]
+            if any(as_good(e, host.episode("a", e.seed, scripted(prefix + call + [assistant(text)]),
+                                           f"{name}, then a refusal where it acts")) for text in shapes[:4]):
                 after.setdefault(name, []).append(e.seed)
     if often(paid, tried):
         findings.add("free_reward", f"a refusal (another seed's, after this seed's reads) earns the full score "
@@ -1072,9 +1106,9 @@ def refusal_instead(host, acting: list, said: dict, by_name: dict, kinds: dict, 
     else:  # (a seed in ``near`` did not earn the full score)
         _keeps(findings, near, tried, "a refusal where the reference carries the request out")
     for name, seeds in sorted(after.items()):
-        if often(seeds, min(tried, 4)):
+        if often(seeds, writing[name]):
             findings.add("free_reward", f"{name} on the request's own records, then a refusal (another seed's), "
-                         f"earns the full score on {len(seeds)} of {min(tried, 4)} seeds where the reference carries the "
+                         f"earns the full score on {len(seeds)} of {writing[name]} seeds where the reference carries the "
                          f"request out (e.g. seed {seeds[0]}): a refusal judged on the records as the agent's own "
                          "write left them pays the agent for making its excuse true.",
                          key=("free_reward", "refusal after a write", name))
@@ -1170,8 +1204,8 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
         last = _last_call(e.actions, kinds)  # its decision is what follows (a hand-off after it too)
         calls = [a for a in e.actions[:last + 1] if a.get("tool_calls")]
         decline = e.actions[last + 1:]
-        texts = [a.get("content") or "" for a in e.actions if not a.get("tool_calls")]
-        alone = bool(texts) and not any("?" in t for t in texts[:-1])  # it declines without asking
+        texts = [a.get("content") for a in e.actions if not a.get("tool_calls")]
+        alone = bool(texts) and not any(isinstance(t, str) and "?" in t for t in texts[:-1])  # it declines without asking
         tried += 1
         shown = _said([m for step in e.trace for m in step[0]["messages"]])
         for other, tail, bare in [(o, t, b) for o, t in tails[:3] for b in (False, True)]:
@@ -1186,7 +1220,9 @@ def act_instead(host, declining: list, acting: list, by_name: dict, kinds: dict,
             grounded = all(_shows(shown, str(v)) for a in moved for c in _calls(a)
                            if kinds.get(c["function"]["name"]) not in ("read", "escalation")
                            for v in (_json_args(c) or {}).values() if _names_a_record(v))
-            ep = host.episode("a", e.seed, scripted(calls + moved + (decline if grounded else [])),
+            # (not after the calls alone: a good env's write tool may refuse an unconfirmed write
+            # at no cost, and the decline after it is then rightly paid)
+            ep = host.episode("a", e.seed, scripted(calls + moved + (decline if grounded and not bare else [])),
                               "acting where it declines")
             # it counts only where the write was made (a user who says no to the question ends
             # the episode before it, which is the right end)
@@ -1440,7 +1476,17 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
         return
     said = {e.seed: (" ".join(e.actions[i]["content"].strip() for i in _decision_texts(e.actions, kinds)),
                      _call_values(e.actions)) for e in found}
-    refusal_instead(host, acting[:8], said, by_name, kinds, rng, findings)
+    # words of a seed's own opening that few other seeds' openings hold (the name the reference
+    # addresses the user by) are masked when texts are compared: else every text reads as its own
+    opening = {e.seed: set(re.findall(r"[^\W\d_]{2,}", _said(e.trace[0][0]["messages"]).lower()))
+               for e in found if e.trace}
+    held = __import__("collections").Counter(w for words in opening.values() for w in words)
+
+    def masked(seed, t: str) -> str:
+        own = {w for w in opening.get(seed, ()) if held[w] * 4 < len(opening)}
+        return re.sub(r"[^\W\d_]{2,}", lambda m: "@" if m.group(0).lower() in own else m.group(0), t)
+
+    refusal_instead(host, acting[:8], said, by_name, kinds, rng, findings, masked)
     act_instead(host, found[:8], acting, by_name, kinds, findings)
     by_seed = {e.seed: e for e in found}
 
@@ -1463,16 +1509,6 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     # one seed for each text's shape (its records' ids made one seed's, its digits aside): a
     # reason to cut once. The reasons are a small vocabulary only where shapes repeat (a count or
     # a total answered is another text on every seed: every number at once is no shotgun)
-    # words of a seed's own opening that few other seeds' openings hold (the name the reference
-    # addresses the user by) are masked too: else every text reads as one of its own
-    opening = {e.seed: set(re.findall(r"[^\W\d_]{2,}", _said(e.trace[0][0]["messages"]).lower()))
-               for e in found if e.trace}
-    held = __import__("collections").Counter(w for words in opening.values() for w in words)
-
-    def masked(seed, t: str) -> str:
-        own = {w for w in opening.get(seed, ()) if held[w] * 4 < len(opening)}
-        return re.sub(r"[^\W\d_]{2,}", lambda m: "@" if m.group(0).lower() in own else m.group(0), t)
-
     shapes: dict = {}
     first = next(iter(said))
     for s_, (t, vals) in said.items():
