@@ -217,6 +217,12 @@ class TooLarge(Exception):
     pass
 
 
+def slot_names(t: type) -> list:
+    """The slots a class and its bases declare (their values are state like attributes)."""
+    return [s for c in t.__mro__ for s in c.__dict__.get("__slots__", ())
+            if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+
+
 def digest(value):
     """A hex digest of what ``value`` holds, followed through containers (read through the
     built-in types' own methods, never a subclass's), objects' attributes and slots, functions'
@@ -301,8 +307,7 @@ def digest(value):
         except AttributeError:
             d = None
         d = d if isinstance(d, dict) else None
-        slots = [s for c in t.__mro__ for s in c.__dict__.get("__slots__", ())
-                 if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+        slots = slot_names(t)
         if d is not None:
             walk(d, depth + 1)
         for s in slots:
@@ -503,8 +508,7 @@ class Runner:
             except AttributeError:
                 d = None
             d = d if type(d) is dict else {}
-            slots = [s for c in type(inst).__mro__ for s in c.__dict__.get("__slots__", ())
-                     if isinstance(s, str) and s not in ("__dict__", "__weakref__")]
+            slots = slot_names(type(inst))
             # each attribute and slot on its own ("self.name"): one too large to digest (a
             # database) leaves the others judged, and nothing is walked twice
             for attr, v in list(dict.items(d)):

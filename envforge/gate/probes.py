@@ -27,6 +27,7 @@ import math
 import random
 import re
 import time
+from collections import Counter
 from typing import Any
 
 from envforge.contract import assistant, tool_call
@@ -838,12 +839,12 @@ def _last_call(actions: list, kinds: dict | None = None) -> int:
     """Where the plan's last tool call is (-1: none); given the tools' kinds, calls at its end
     after a text that neither act nor write aside (a decline, then a transfer to a human or a
     read: the decline is still its answer)."""
-    def handoff(a: dict) -> bool:
+    def decides_nothing(a: dict) -> bool:
         calls = _calls(a)
         return kinds is not None and bool(calls) and all(kinds.get(c["function"]["name"]) in ("read", "escalation")
                                                          for c in calls)
     ends = [i for i, a in enumerate(actions) if a.get("tool_calls")]
-    while ends and handoff(actions[ends[-1]]) and any(
+    while ends and decides_nothing(actions[ends[-1]]) and any(
             isinstance(a.get("content"), str) and a["content"].strip() and not a.get("tool_calls")
             for a in actions[ends[-2] + 1 if len(ends) > 1 else 0:ends[-1]]):
         ends.pop()
@@ -852,7 +853,7 @@ def _last_call(actions: list, kinds: dict | None = None) -> int:
 
 def _decision_texts(actions: list, kinds: dict | None = None) -> list[int]:
     """Where the plan's texts after its last tool call are (its answer: a refusal, say; a
-    hand-off after it aside, given the tools' kinds)."""
+    hand-off or a read after it aside, given the tools' kinds: ``_last_call``)."""
     last = _last_call(actions, kinds)
     return [i for i, a in enumerate(actions) if i > last and isinstance(a.get("content"), str)
             and a["content"].strip() and not a.get("tool_calls")]
@@ -1480,7 +1481,7 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     # addresses the user by) are masked when texts are compared: else every text reads as its own
     opening = {e.seed: set(re.findall(r"[^\W\d_]{2,}", _said(e.trace[0][0]["messages"]).lower()))
                for e in found if e.trace}
-    held = __import__("collections").Counter(w for words in opening.values() for w in words)
+    held = Counter(w for words in opening.values() for w in words)
 
     def masked(seed, t: str) -> str:
         own = {w for w in opening.get(seed, ()) if held[w] * 4 < len(opening)}
