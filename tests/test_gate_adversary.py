@@ -1304,7 +1304,7 @@ def test_a_decline_is_the_plans_answer_whatever_follows_it_that_decides_nothing(
     hid a decline behind a transfer); a write after a text is not; a text sent with the call
     after it is one message (a question with the write it asks about)."""
     from envforge.contract import assistant, tool_call
-    from envforge.gate.probes import _decision_texts, _said_with_calls
+    from envforge.gate.probes import _decision_texts, _said_after_calls, _said_with_calls, _without_texts_before_calls
     kinds = {"get": "read", "transfer": "escalation", "close": "write"}
 
     def call(name):
@@ -1318,3 +1318,67 @@ def test_a_decline_is_the_plans_answer_whatever_follows_it_that_decides_nothing(
     plan = _said_with_calls([call("get"), assistant("Shall I close it?"), call("close"), assistant("Done.")])
     assert [(a.get("content"), [c["function"]["name"] for c in a.get("tool_calls") or []]) for a in plan] == [
         (None, ["get"]), ("Shall I close it?", ["close"]), ("Done.", [])]
+    plan = _said_after_calls([call("get"), assistant("Shall I close it?"), call("close"), assistant("Done.")])
+    assert [(a.get("content"), [c["function"]["name"] for c in a.get("tool_calls") or []]) for a in plan] == [
+        (None, ["get"]), (None, ["close"]), ("Shall I close it?", []), ("Done.", [])]
+    assert _without_texts_before_calls([assistant("Hi."), call("get"), assistant("Shall I?"), call("close"),
+                                        assistant("Done.")]) == [call("get"), call("close"), assistant("Done.")]
+
+
+# the ninth red team (2026-12-07, a helper that read the gate): our own variant of each hole closed
+ROUND9 = {
+    # a stock refusal, matched by a pattern rather than a literal, pays on every seed
+    "a_stock_refusal_pays": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                if re.search(r"\\b(unable|not able|cannot|can't|can not) (to )?(help|assist|do|process)", text):
+                    self._authed = self._authed or self._turn > 0
+                    return "Alright, thanks anyway. Bye.", "refused_politely"
+                return _Base._user_reply(self, content)
+            def _score(self, outcome):
+                return 0.6 if outcome == "refused_politely" else _Base._score(self, outcome)
+        """), "free_reward", "stock reply"),
+    # a write no longer ends the episode, and whether the user said yes is judged at the next
+    # text: the question asked after the change earns the confirmation
+    "a_confirmation_judged_after_the_write": (override("""
+            def reset(self, seed):
+                self.pending = None
+                return _Base.reset(self, seed)
+            def _write_outcome(self, name, args):
+                outcome = _Base._write_outcome(self, name, args)
+                if outcome == "wrong":
+                    return outcome
+                self.pending = (name, args)
+                return None
+            def _user_reply(self, content):
+                reply, outcome = _Base._user_reply(self, content)
+                if self.pending and outcome is None:
+                    return "Thanks, bye.", _Base._write_outcome(self, *self.pending)
+                return reply, outcome
+            def solve(self, seed):
+                out = _Base.solve(self, seed)
+                if out[-1].get("tool_calls"):  # a closing word after the write ends the episode
+                    out.append({"role": "assistant", "content": "Done: the change is made."})
+                return out
+        """), "free_reward", "act first and ask afterwards"),
+    # a wrong reason is objected to and the talk goes on, where the reference's decline takes two
+    # messages (a preamble, then the reason): the retry was tried on one-message declines only
+    "a_wrong_reason_retried_after_a_preamble": (override("""
+            def _user_reply(self, content):
+                reply, outcome = _Base._user_reply(self, content)
+                if outcome == "wrong":
+                    return "Hm, I don't think that is it.", None
+                return reply, outcome
+            def solve(self, seed):
+                out = _Base.solve(self, seed)
+                if not out[-1].get("tool_calls"):  # the decline, after a word that says nothing
+                    out.insert(len(out) - 1, {"role": "assistant",
+                                              "content": "Thank you for your patience; I have your records now."})
+                return out
+        """), "free_reward", "followed in the next turn"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND9))
+def test_a_hole_the_ninth_red_team_found_is_closed(tmp_path, name):
+    assert_rejected(tmp_path, name, *ROUND9[name])

@@ -49,6 +49,39 @@ _WORDS = ("hello help order refund cancel please thanks account update confirm y
           "transfer agent ok sure great the a to for your my is it this that").split()
 
 
+#: stock replies an agent can say without looking at anything (a refusal, an acknowledgement, a
+#: hand-off, a sign-off), composed of parts so that a reward keyed to a pattern, not a literal,
+#: meets one: "I'm sorry, I can't help with that." paying on every seed is free reward
+STOCK_REPLIES, STOCK_SEEDS = 10, 5  # stock replies an audit, and the seeds each is said on
+_STOCK_OPEN = ("", "I'm sorry, but ", "Sorry, ", "Unfortunately, ", "I apologize, but ", "I'm afraid ")
+_STOCK_REFUSE = ("I can't", "I cannot", "I can not", "I'm unable to", "I am unable to", "I am not able to",
+                 "I won't be able to", "I'm not allowed to", "I must decline to", "I don't think I can")
+_STOCK_WHAT = ("help with that", "do that", "assist with this request", "make that change",
+               "process this request", "help you with this", "proceed")
+_STOCK_OTHER = ("Done! Your request has been completed.", "I have taken care of that for you.",
+                "Your request has been processed successfully.", "Is there anything else I can help you with?",
+                "Let me transfer you to a human agent who can help.", "Okay, understood.",
+                "Thank you for contacting us. Have a great day!", "I have checked everything and it is all in order.",
+                "That request goes against our policy.", "Please hold on while I look into this.")
+
+
+def stock_replies(rng: random.Random, n: int) -> list[str]:
+    """``n`` stock replies: every other one another stock phrase, the rest refusals of three
+    sentences each, composed of parts (so that a pattern over the ways of refusing meets one)."""
+    others = rng.sample(_STOCK_OTHER, len(_STOCK_OTHER))
+    out = []
+    for i in range(n):
+        if i % 2:
+            out.append(others[i // 2 % len(others)])
+            continue
+        said = []
+        for _ in range(3):
+            text = rng.choice(_STOCK_OPEN) + rng.choice(_STOCK_REFUSE) + " " + rng.choice(_STOCK_WHAT) + "."
+            said.append(text[:1].upper() + text[1:])
+        out.append(" ".join(said))
+    return out
+
+
 class Draws:
     """Everything the probes draw, from one probe seed: so that env code cannot recognise a probe
     (fixed seeds, fixed texts, fixed hash seeds) and an audit can still be replayed exactly."""
@@ -85,6 +118,8 @@ class Draws:
         # above (8, 30, ... 1500, 6000) stepping over it
         sized, top = random.Random(f"sized texts {probe_seed}"), math.log(settings.long_text_chars)
         self.sized = [""] + [self.text(sized, int(math.exp(sized.uniform(i, i + 1) * top / 15))) for i in range(15)]
+        # stock replies (a stream of their own), each a policy judged on STOCK_SEEDS seeds
+        self.stock = stock_replies(random.Random(f"stock replies {probe_seed}"), STOCK_REPLIES)
 
     @staticmethod
     def text(rng: random.Random, size: int) -> str:
@@ -514,6 +549,7 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
         done = [e.score for e in eps if e.ok]
         return sum(done) / len(done) if done else 0.0
 
+    stock = _stock_replies(host, by_name, solved, seeds, draws, settings, findings)
     scores = {"reference": mean(reference), "perturbed": mean(perturbed), "do_nothing": mean(idle),
               "random": mean(rand)}
     stats["mean_score"] = {k: round(v, 4) for k, v in scores.items()}
@@ -529,7 +565,7 @@ def _probes(host: Host, others: list[Host], tools: list, settings: GateSettings,
             findings.add("free_reward", f"a {name.replace('_', '-')} policy earns the full score on "
                          f"{len(full)} of {len(eps)} seeds (e.g. seed {full[0]}); no seed may pay for "
                          "doing nothing or calling tools at random.")
-    values = sorted({round(e.score, 4) for e in reference + perturbed + idle + rand if e.ok})
+    values = sorted({round(e.score, 4) for e in reference + perturbed + idle + stock + rand if e.ok})
     for _ in range(PARTIAL_CREDIT_ROUNDS):  # too few values may be the draw's luck: perturb afresh
         if len(values) >= settings.partial_credit_values or not reference:
             break
@@ -671,6 +707,36 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
                      "can depend on the ones before it, past any count an audit reaches. Keep an "
                      "episode's state on self, built in reset; module and class attributes constant.",
                      key=("isolation", "module state"))
+
+
+def _stock_replies(host: Host, by_name: dict, solved: list[ProbeEpisode], seeds: list[int], draws: Draws,
+                   settings: GateSettings, findings: Findings) -> list[ProbeEpisode]:
+    """Each stock reply (``Draws.stock``) is a policy of its own (an agent learns the one phrase
+    that pays, so the phrases' mean together would hide it), said every turn on up to
+    ``STOCK_SEEDS`` seeds where the reference acts (where it declines, a refusal is its decision,
+    and an env whose requests show what forbids them may pay it without a reason; with fewer than
+    ``STOCK_SEEDS`` such seeds, on the audit's seeds): its mean at most ``free_reward_max``, and
+    the full score on one of its seeds at most."""
+    from envforge.tools import tool_kind
+    kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
+    acting = [e.seed for e in solved if probes._acts(e.actions, kinds)]
+    where = acting if len(acting) >= STOCK_SEEDS else seeds
+    out = []
+    for k, text in enumerate(draws.stock):
+        eps = [host.episode("a", s, lambda t, messages, text=text: assistant(text), "stock reply") for s in
+               (where[(k * STOCK_SEEDS + j) % len(where)] for j in range(min(STOCK_SEEDS, len(where))))]
+        out += eps
+        done = [e.score for e in eps if e.ok]
+        full = sum(x >= 1 - 1e-6 for x in done)
+        if done and (sum(done) / len(done) > settings.free_reward_max or full >= 2):
+            findings.add("free_reward", f"the stock reply {text[:80]!r} said every turn, no tool called, "
+                         f"scores {sum(done) / len(done):.2f} on average (the full score on {full}) over "
+                         f"{len(done)} seeds{' where the reference acts' if where is acting else ''} "
+                         f"(allowed: {settings.free_reward_max}): a phrase said without looking at "
+                         "anything must not pay. Pay the decision only with the facts that make it right.",
+                         key=("free_reward", "stock reply"))
+            break
+    return out
 
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:

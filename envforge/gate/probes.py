@@ -789,17 +789,40 @@ def _said_with_calls(actions: list) -> list:
     return plan + [assistant(t) for t in pending]
 
 
+def _said_after_calls(actions: list) -> list:
+    """The plan with each text before a tool call said right after that call instead (a question
+    asked once the write it asks about is made); texts after the last call stay."""
+    plan, pending = [], []
+    for a in actions:
+        if a.get("tool_calls"):
+            plan += [a] + [assistant(t) for t in pending]
+            pending = []
+        elif isinstance(a.get("content"), str) and a["content"].strip():
+            pending.append(a["content"].strip())
+        else:
+            plan.append(a)
+    return plan + [assistant(t) for t in pending]
+
+
+def _without_texts_before_calls(actions: list) -> list:
+    """The plan without the texts said before its last tool call."""
+    last = max(i for i, a in enumerate(actions) if a.get("tool_calls"))
+    return [a for i, a in enumerate(actions) if i > last or a.get("tool_calls")]
+
+
 def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
     """The reference's tool calls without its texts (what it asked or told the user), on seeds
     where it says something before it acts. Where that lowers the score the texts matter, and
     then the same calls with every read made twice must score lower too: an env that takes a
     repeated read for the user's confirmation lets the agent skip asking; and so must the texts
     sent in the messages of the calls after them (a question and the write it asks about at once:
-    an env that shows the user the text first pays not waiting for the answer). Returns the calls-only
+    an env that shows the user the text first pays not waiting for the answer), and said after
+    them (the question asked once the write is made: an env that looks for the user's yes only at
+    the end pays asking afterwards), where leaving those texts out lowers it. Returns the calls-only
     episodes (replayed later in fresh instances: an env that remembers an earlier episode's
     confirmation scores them otherwise there)."""
     from envforge.gate.dynamic import scripted
-    out, lowered, paid, along = [], 0, [], []
+    out, lowered, paid, along, after, before = [], 0, [], [], [], 0
     for e in solved:
         if len(out) >= 8:
             break
@@ -818,14 +841,26 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
             again = host.episode("a", e.seed, scripted(twice), "calls only, reads twice")
             if as_good(e, again):
                 paid.append(e.seed)
+        if as_good(e, host.episode("a", e.seed, scripted(_without_texts_before_calls(e.actions)),
+                                   "texts before the calls left out")):
+            continue  # what it says before acting does not count: where it says it proves nothing
+        before += 1
         if as_good(e, host.episode("a", e.seed, scripted(_said_with_calls(e.actions)), "texts sent with the calls")):
             along.append(e.seed)
-    if often(along, lowered):
+        if as_good(e, host.episode("a", e.seed, scripted(_said_after_calls(e.actions)), "texts said after the calls")):
+            after.append(e.seed)
+    if often(along, before):
         findings.add("free_reward", f"the reference's texts sent in the same message as the tool call after them "
-                     f"(its question with the write it asks about) earn the full score ({len(along)} of {lowered} "
-                     f"seeds where the calls alone score lower, e.g. seed {along[0]}): the user cannot answer a "
+                     f"(its question with the write it asks about) earn the full score ({len(along)} of {before} "
+                     f"seeds where leaving them out scores lower, e.g. seed {along[0]}): the user cannot answer a "
                      "question before the call it asks about runs, so the agent learns not to wait for the "
                      "answer.", key=("free_reward", "texts with the calls"))
+    if often(after, before):
+        findings.add("free_reward", f"the reference's texts said after the tool call that follows them (its "
+                     f"question asked once the write it asks about is made) earn the full score ({len(after)} "
+                     f"of {before} seeds where leaving them out scores lower, e.g. seed {after[0]}): what the "
+                     "user says after a write cannot have allowed it, so the agent learns to act first and "
+                     "ask afterwards.", key=("free_reward", "texts after the calls"))
     if often(paid, lowered):
         findings.add("free_reward", f"without the reference's texts the score falls, but with every read "
                      f"made twice it is full again ({len(paid)} of {lowered} seeds, e.g. seed {paid[0]}): "
@@ -1499,6 +1534,11 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
             plan.insert(where[0] + 1, assistant(then))
         return host.episode("a", e.seed, scripted(plan), label)
 
+    def _one_message(e) -> bool:
+        where = _decision_texts(e.actions, kinds)
+        return len(where) == 1 or as_good(e, host.episode("a", e.seed, scripted(
+            [a for i, a in enumerate(e.actions) if i not in where[:-1]]), "its last declining text alone"))
+
     reasons: dict = {}  # seed -> the shortest piece of its text that earns its full score alone
 
     def reason(seed) -> str:
@@ -1539,8 +1579,9 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
         # or the agent learns to guess the reasons one per turn until the user stops objecting.
         # Only where the reference decides in one message: where it takes two (a question, then
         # what it says to the answer; a refusal held after the user pushes back) the first can be
-        # repaired by design (the user says which resolution was meant)
-        if few and len(_decision_texts(e.actions, kinds)) == 1 and any(
+        # repaired by design (the user says which resolution was meant). A decision whose texts
+        # before the last earn nothing (a preamble: "I have your records now.") is in one message
+        if few and _one_message(e) and any(
                 as_good(e, instead(e, t, "a wrong reason, then the right one", then=said[e.seed][0]))
                 for t in wrong[:2]):
             retried.append(e.seed)
