@@ -49,6 +49,7 @@ _WORDS = ("hello help order refund cancel please thanks account update confirm y
           "transfer agent ok sure great the a to for your my is it this that").split()
 
 
+TRAINING_SEEDS = 256  # half the audit's seeds are drawn below this (more seeds: below their number)
 #: stock replies an agent can say without looking at anything (a refusal, an acknowledgement, a
 #: hand-off, a sign-off), composed of parts so that a reward keyed to a pattern, not a literal,
 #: meets one: "I'm sorry, I can't help with that." paying on every seed is free reward
@@ -90,10 +91,15 @@ class Draws:
         self.probe_seed = probe_seed
         rng = random.Random(probe_seed)
         n = settings.seeds
-        ranges = [(0, 1000), (1000, 10**6), (10**6, 2**31)]
+        # half where training runs (its env seeds count up from 0: a flaw kept to them is what
+        # it learns; a ninth red team's env forgot its check on seeds 0-199 only, where one seed
+        # in forty was drawn), a quarter middling, a quarter large; every other seed a small one,
+        # so that the probes that look at the first few seeds of a kind look there too
+        small = (0, max(TRAINING_SEEDS, n))
+        ranges = [small, (10**6, 2**31), small, (1000, 10**6)]
         seeds: list[int] = []
-        while len(seeds) < n:  # a quarter small, a quarter middling, half large
-            lo, hi = ranges[min(2, len(seeds) % 4)]
+        while len(seeds) < n:
+            lo, hi = ranges[len(seeds) % 4]
             x = rng.randrange(lo, hi)
             if x not in seeds:
                 seeds.append(x)

@@ -184,9 +184,10 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
     each argument at an extreme value. The env must answer each promptly with an observation.
     For a tool that is not a read, an integer the user asked for (its value in the opening) that
     a value of its range replaces at the full score is sent so on up to 4 more seeds that asked
-    for another: one value paid whatever was asked (3 seeds, a quarter) is a ``partial_credit``
-    finding ("a full term is always fine")."""
-    from envforge.gate.dynamic import _SKIP, _extreme, _json_args, _properties, _with_call
+    for another (the solved seeds, then drawn ones: few may call the tool): one value paid
+    whatever was asked (3 seeds, a quarter) is a ``partial_credit`` finding ("a full term is
+    always fine")."""
+    from envforge.gate.dynamic import _SKIP, _drawn_solved, _extreme, _json_args, _properties, _with_call
 
     rng = random.Random(draws.rng.randrange(2**63))
     per_tool: dict[str, list] = {}
@@ -220,9 +221,19 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                 asked = (values and kinds.get(name) != "read" and e.trace
                          and re.search(rf"(?<!\d){value}(?!\d)", _opening_text(e.trace[0][0])))
                 # the user asked for it and it matters (others score lower): one paid here, elsewhere too?
+                def seeds_asking(name=name, key=key):
+                    """The solved seeds, then drawn ones (up to 24 draws): few seeds may ask for
+                    the tool (a loan among other requests)."""
+                    yield from solved
+                    more = random.Random(f"asking {draws.probe_seed} {name} {key}")
+                    for _ in range(24):
+                        e2 = _drawn_solved(host, more)
+                        if e2 is not None:
+                            yield e2
+
                 for v in passed[:3] if asked and len(passed) < len(values) else []:
                     paid, tried = [e.seed], 1
-                    for e2 in solved:
+                    for e2 in seeds_asking():
                         at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
                                    enumerate(a.get("tool_calls") or []) if c["function"]["name"] == name
                                    and (_json_args(c) or {}).get(key, v) != v), None)
