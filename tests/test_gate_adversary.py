@@ -1390,6 +1390,16 @@ ROUND9 = {
             def _score(self, outcome):
                 return _Base._score(self, "right" if outcome == "declined_anyway" else outcome)
         """), "free_reward", "where the reference carries the request out"),
+    # a reply that holds every value of the request's ticket counts as naming what blocks it:
+    # the records said back are taken for the decline
+    "the_records_said_back_decline": (override("""
+            def _user_reply(self, content):
+                text = content.lower() if isinstance(content, str) else ""
+                ticket = self._world["tickets"].get(self._sc["ticket_id"]) or {}
+                if self._sc["blocker"] and ticket and all(json.dumps(v).lower() in text for v in ticket.values()):
+                    return "I see, thanks for checking. I'll sort that out first. Bye!", "refused"
+                return _Base._user_reply(self, content)
+        """), "free_reward", "said back"),
 }
 
 

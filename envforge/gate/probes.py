@@ -1545,6 +1545,26 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
             plan.insert(where[0] + 1, assistant(then))
         return host.episode("a", e.seed, scripted(plan), label)
 
+    # the records said back in place of the decline (the reads' results as they came): an env
+    # that takes them for the decline decides for the agent, which learns to paste what it read
+    recited, tried = [], 0
+    for e in found[:8]:
+        first = _decision_texts(e.actions, kinds)[0]
+        shown = [m["content"] for step in e.trace[1:first + 1] for m in step[0].get("messages") or []
+                 if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
+                 and m["content"].strip()]
+        if shown:
+            tried += 1
+            if as_good(e, instead(e, "\n".join(shown), "the reads' results said back")):
+                recited.append(e.seed)
+    if len(recited) >= 3 and 2 * len(recited) >= tried:  # where its decline names a word its records hold,
+        # a good env may take the pasted record for it on some seeds (the shipped env: an overdue loan)
+        findings.add("free_reward", f"the results of the reference's reads said back as they came, in place of "
+                     f"its decline, earn the full score on {len(recited)} of {tried} seeds where it declines "
+                     f"(e.g. seed {recited[0]}): the env takes the records for the decision, so the agent "
+                     "learns to paste what it read and never decide. Credit a decline only for a refusal "
+                     "that names what blocks the request.", key=("free_reward", "records said back"))
+
     def _one_message(e) -> bool:
         where = _decision_texts(e.actions, kinds)
         return len(where) == 1 or as_good(e, host.episode("a", e.seed, scripted(
