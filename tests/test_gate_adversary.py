@@ -1318,9 +1318,10 @@ def test_a_decline_is_the_plans_answer_whatever_follows_it_that_decides_nothing(
     plan = _said_with_calls([call("get"), assistant("Shall I close it?"), call("close"), assistant("Done.")])
     assert [(a.get("content"), [c["function"]["name"] for c in a.get("tool_calls") or []]) for a in plan] == [
         (None, ["get"]), ("Shall I close it?", ["close"]), ("Done.", [])]
-    plan = _said_after_calls([call("get"), assistant("Shall I close it?"), call("close"), assistant("Done.")])
+    plan = _said_after_calls([assistant("Hi."), call("get"), assistant("Shall I close it?"), call("close"),
+                              assistant("Done.")], kinds)
     assert [(a.get("content"), [c["function"]["name"] for c in a.get("tool_calls") or []]) for a in plan] == [
-        (None, ["get"]), (None, ["close"]), ("Shall I close it?", []), ("Done.", [])]
+        ("Hi.", []), (None, ["get"]), (None, ["close"]), ("Shall I close it?", []), ("Done.", [])]
     assert _without_texts_before_calls([assistant("Hi."), call("get"), assistant("Shall I?"), call("close"),
                                         assistant("Done.")]) == [call("get"), call("close"), assistant("Done.")]
 
@@ -1331,7 +1332,7 @@ ROUND9 = {
     "a_stock_refusal_pays": (override("""
             def _user_reply(self, content):
                 text = content.lower() if isinstance(content, str) else ""
-                if re.search(r"\\b(unable|not able|cannot|can't|can not) (to )?(help|assist|do|process)", text):
+                if len(text) < 60 and re.search(r"\\b(unable|not able|cannot|can't|can not) (to )?(help|assist|do|process)", text):
                     self._authed = self._authed or self._turn > 0
                     return "Alright, thanks anyway. Bye.", "refused_politely"
                 return _Base._user_reply(self, content)
@@ -1406,3 +1407,20 @@ ROUND9 = {
 @pytest.mark.parametrize("name", sorted(ROUND9))
 def test_a_hole_the_ninth_red_team_found_is_closed(tmp_path, name):
     assert_rejected(tmp_path, name, *ROUND9[name])
+
+
+def test_a_question_asked_before_the_reads_is_not_a_question_after_the_act(tmp_path):
+    """"Said after the calls" moves only the texts before a call that acts: a reference that asks
+    its confirmation first, before any read, keeps it before the write, and a good env is accepted
+    (a review found the question moved past the first read and the shipped env, so changed,
+    rejected on 8 seeds of 8)."""
+    source = override("""
+        def solve(self, seed):
+            out = _Base.solve(self, seed)
+            i = next((k for k, a in enumerate(out) if not a.get("tool_calls")), None)
+            if i is not None and out[-1].get("tool_calls"):  # the question first, before any read
+                out.insert(0, out.pop(i))
+            return out
+    """)
+    verdict, found = audited(tmp_path, "question_first", source)
+    assert verdict == "accept", json.dumps(found, indent=1)

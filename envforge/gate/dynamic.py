@@ -63,23 +63,27 @@ _STOCK_OTHER = ("Done! Your request has been completed.", "I have taken care of 
                 "Your request has been processed successfully.", "Is there anything else I can help you with?",
                 "Let me transfer you to a human agent who can help.", "Okay, understood.",
                 "Thank you for contacting us. Have a great day!", "I have checked everything and it is all in order.",
-                "That request goes against our policy.", "Please hold on while I look into this.")
+                "Please hold on while I look into this.")
 
 
-def stock_replies(rng: random.Random, n: int) -> list[str]:
-    """``n`` stock replies: every other one another stock phrase, the rest refusals of three
-    sentences each, composed of parts (so that a pattern over the ways of refusing meets one)."""
+def stock_replies(rng: random.Random, n: int) -> list[tuple[str, bool]]:
+    """``n`` stock replies, (text, whether it refuses): every other one another stock phrase, the
+    rest refusals composed of parts (so that a pattern over the ways of refusing meets one), the
+    first the plainest, then one sentence and three in turn (a reward kept to short replies)."""
     others = rng.sample(_STOCK_OTHER, len(_STOCK_OTHER))
     out = []
     for i in range(n):
         if i % 2:
-            out.append(others[i // 2 % len(others)])
+            out.append((others[i // 2 % len(others)], False))
+            continue
+        if i == 0:
+            out.append(("I'm sorry, I can't help with that.", True))
             continue
         said = []
-        for _ in range(3):
+        for _ in range(1 if i % 4 == 2 else 3):
             text = rng.choice(_STOCK_OPEN) + rng.choice(_STOCK_REFUSE) + " " + rng.choice(_STOCK_WHAT) + "."
             said.append(text[:1].upper() + text[1:])
-        out.append(" ".join(said))
+        out.append((" ".join(said), True))
     return out
 
 
@@ -720,15 +724,18 @@ def _stock_replies(host: Host, by_name: dict, solved: list[ProbeEpisode], seeds:
     """Each stock reply (``Draws.stock``) is a policy of its own (an agent learns the one phrase
     that pays, so the phrases' mean together would hide it), said every turn on up to
     ``STOCK_SEEDS`` seeds where the reference acts (where it declines, a refusal is its decision,
-    and an env whose requests show what forbids them may pay it without a reason; with fewer than
-    ``STOCK_SEEDS`` such seeds, on the audit's seeds): its mean at most ``free_reward_max``, and
-    the full score on one of its seeds at most."""
+    and an env whose requests show what forbids them may pay it without a reason): its mean at
+    most ``free_reward_max``, and the full score on one of its seeds at most. With fewer than
+    ``STOCK_SEEDS`` such seeds, a refusal is said on those there are (two at least) and another
+    phrase on the audit's seeds."""
     from envforge.tools import tool_kind
     kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
     acting = [e.seed for e in solved if probes._acts(e.actions, kinds)]
-    where = acting if len(acting) >= STOCK_SEEDS else seeds
     out = []
-    for k, text in enumerate(draws.stock):
+    for k, (text, refuses) in enumerate(draws.stock):
+        where = acting if len(acting) >= STOCK_SEEDS or refuses else seeds
+        if len(where) < 2:
+            continue
         eps = [host.episode("a", s, lambda t, messages, text=text: assistant(text), "stock reply") for s in
                (where[(k * STOCK_SEEDS + j) % len(where)] for j in range(min(STOCK_SEEDS, len(where))))]
         out += eps

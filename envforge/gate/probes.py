@@ -187,9 +187,10 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
     for another (the solved seeds, then drawn ones: few may call the tool): one value paid
     whatever was asked (3 seeds, a quarter) is a ``partial_credit`` finding ("a full term is
     always fine")."""
-    from envforge.gate.dynamic import _SKIP, _drawn_solved, _extreme, _json_args, _properties, _with_call
+    from envforge.gate.dynamic import _SKIP, _call_name, _drawn_solved, _extreme, _json_args, _properties, _with_call
 
     rng = random.Random(draws.rng.randrange(2**63))
+    asking: dict = {}  # (tool, argument) -> the seeds drawn for it (seeds_asking, below)
     per_tool: dict[str, list] = {}
     for e in solved:
         for i, a in enumerate(e.actions):
@@ -222,20 +223,27 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                          and re.search(rf"(?<!\d){value}(?!\d)", _opening_text(e.trace[0][0])))
                 # the user asked for it and it matters (others score lower): one paid here, elsewhere too?
                 def seeds_asking(name=name, key=key):
-                    """The solved seeds, then drawn ones (up to 24 draws): few seeds may ask for
-                    the tool (a loan among other requests)."""
+                    """The solved seeds, then drawn ones (up to 24 draws, made once for a tool's
+                    argument and kept): few seeds may ask for the tool (a loan among others)."""
                     yield from solved
-                    more = random.Random(f"asking {draws.probe_seed} {name} {key}")
-                    for _ in range(24):
-                        e2 = _drawn_solved(host, more)
-                        if e2 is not None:
-                            yield e2
+                    more, got, left = asking.setdefault((name, key), (
+                        random.Random(f"asking {draws.probe_seed} {name} {key}"), [], [24]))
+                    i = 0
+                    while i < len(got) or left[0] > 0:
+                        if i == len(got):
+                            left[0] -= 1
+                            e2 = _drawn_solved(host, more)
+                            if e2 is None:
+                                continue
+                            got.append(e2)
+                        yield got[i]
+                        i += 1
 
                 for v in passed[:3] if asked and len(passed) < len(values) else []:
                     paid, tried = [e.seed], 1
                     for e2 in seeds_asking():
                         at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
-                                   enumerate(a.get("tool_calls") or []) if c["function"]["name"] == name
+                                   enumerate(a.get("tool_calls") or []) if _call_name(c) == name
                                    and (_json_args(c) or {}).get(key, v) != v), None)
                         if e2.seed == e.seed or at is None:
                             continue
@@ -800,13 +808,15 @@ def _said_with_calls(actions: list) -> list:
     return plan + [assistant(t) for t in pending]
 
 
-def _said_after_calls(actions: list) -> list:
-    """The plan with each text before a tool call said right after that call instead (a question
-    asked once the write it asks about is made); texts after the last call stay."""
+def _said_after_calls(actions: list, kinds: dict) -> list:
+    """The plan with the texts before each call that acts (a write: not a read or a hand-off)
+    said right after that call instead (a question asked once the write it asks about is made);
+    texts before other calls, and after the last call, stay."""
     plan, pending = [], []
     for a in actions:
         if a.get("tool_calls"):
-            plan += [a] + [assistant(t) for t in pending]
+            said = [assistant(t) for t in pending]
+            plan += [a] + said if _acts([a], kinds) else said + [a]
             pending = []
         elif isinstance(a.get("content"), str) and a["content"].strip():
             pending.append(a["content"].strip())
@@ -858,7 +868,8 @@ def texts_that_matter(host, solved: list, kinds: dict, findings) -> list:
         before += 1
         if as_good(e, host.episode("a", e.seed, scripted(_said_with_calls(e.actions)), "texts sent with the calls")):
             along.append(e.seed)
-        if as_good(e, host.episode("a", e.seed, scripted(_said_after_calls(e.actions)), "texts said after the calls")):
+        moved = _said_after_calls(e.actions, kinds)
+        if moved != e.actions and as_good(e, host.episode("a", e.seed, scripted(moved), "texts said after the calls")):
             after.append(e.seed)
     if often(along, before):
         findings.add("free_reward", f"the reference's texts sent in the same message as the tool call after them "
@@ -1545,26 +1556,6 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
             plan.insert(where[0] + 1, assistant(then))
         return host.episode("a", e.seed, scripted(plan), label)
 
-    # the records said back in place of the decline (the reads' results as they came): an env
-    # that takes them for the decline decides for the agent, which learns to paste what it read
-    recited, tried = [], 0
-    for e in found[:8]:
-        first = _decision_texts(e.actions, kinds)[0]
-        shown = [m["content"] for step in e.trace[1:first + 1] for m in step[0].get("messages") or []
-                 if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
-                 and m["content"].strip()]
-        if shown:
-            tried += 1
-            if as_good(e, instead(e, "\n".join(shown), "the reads' results said back")):
-                recited.append(e.seed)
-    if len(recited) >= 3 and 2 * len(recited) >= tried:  # where its decline names a word its records hold,
-        # a good env may take the pasted record for it on some seeds (the shipped env: an overdue loan)
-        findings.add("free_reward", f"the results of the reference's reads said back as they came, in place of "
-                     f"its decline, earn the full score on {len(recited)} of {tried} seeds where it declines "
-                     f"(e.g. seed {recited[0]}): the env takes the records for the decision, so the agent "
-                     "learns to paste what it read and never decide. Credit a decline only for a refusal "
-                     "that names what blocks the request.", key=("free_reward", "records said back"))
-
     def _one_message(e) -> bool:
         where = _decision_texts(e.actions, kinds)
         return len(where) == 1 or as_good(e, host.episode("a", e.seed, scripted(
@@ -1594,6 +1585,26 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
     if not deciding and len(
             {_NUMBER.sub("#", t) for t in texts}) < len(texts):
         return
+
+    # the records said back in place of the decline (the reads' results as they came): an env
+    # that takes them for the decline decides for the agent, which learns to paste what it read
+    recited, pasted = [], 0
+    for e in found[:8]:
+        before = _decision_texts(e.actions, kinds)[0]
+        shown = [m["content"] for step in e.trace[1:before + 1] for m in step[0].get("messages") or []
+                 if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
+                 and m["content"].strip()]
+        if shown:
+            pasted += 1
+            if as_good(e, instead(e, "\n".join(shown), "the reads' results said back")):
+                recited.append(e.seed)
+    if len(recited) >= 3 and 2 * len(recited) >= pasted:  # where its decline names a word its records hold,
+        # a good env may take the pasted record for it on some seeds (the shipped env: an overdue loan)
+        findings.add("free_reward", f"the results of the reference's reads said back as they came, in place of "
+                     f"its decline, earn the full score on {len(recited)} of {pasted} seeds where it declines "
+                     f"(e.g. seed {recited[0]}): the env takes the records for the decision, so the agent "
+                     "learns to paste what it read and never decide. Credit a decline only for a refusal "
+                     "that names what blocks the request.", key=("free_reward", "records said back"))
 
     matter, paid, retried = 0, [], []
     for e in found[:8]:
