@@ -719,6 +719,12 @@ def _state_kept(host: Host, before: tuple | None, findings: Findings) -> None:
                      key=("isolation", "module state"))
 
 
+def _tool_kinds(by_name: dict) -> dict:
+    """Each tool's kind (read, write, escalation, ...) from its name and description."""
+    from envforge.tools import tool_kind
+    return {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
+
+
 def _stock_replies(host: Host, by_name: dict, solved: list[ProbeEpisode], seeds: list[int], draws: Draws,
                    settings: GateSettings, findings: Findings) -> list[ProbeEpisode]:
     """Each stock reply (``Draws.stock``) is a policy of its own (an agent learns the one phrase
@@ -728,8 +734,7 @@ def _stock_replies(host: Host, by_name: dict, solved: list[ProbeEpisode], seeds:
     most ``free_reward_max``, and the full score on one of its seeds at most. With fewer than
     ``STOCK_SEEDS`` such seeds, a refusal is said on those there are (two at least) and another
     phrase on the audit's seeds."""
-    from envforge.tools import tool_kind
-    kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
+    kinds = _tool_kinds(by_name)
     acting = [e.seed for e in solved if probes._acts(e.actions, kinds)]
     out = []
     for k, (text, refuses) in enumerate(draws.stock):
@@ -849,9 +854,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     every argument it sends could be known from what the agent saw (solvability from
     observations only). Returns the changed-argument episodes that lowered the score, and the
     reference's calls without its texts (``probes.texts_that_matter``)."""
-    from envforge.tools import tool_kind
-
-    kinds = {n: tool_kind(n, None, t["function"].get("description") or "") for n, t in by_name.items()}
+    kinds = _tool_kinds(by_name)
     sample = solved[:8]
     # words alone: the reference's text, its tool calls removed
     words = []

@@ -222,22 +222,22 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                 asked = (values and kinds.get(name) != "read" and e.trace
                          and re.search(rf"(?<!\d){value}(?!\d)", _opening_text(e.trace[0][0])))
                 # the user asked for it and it matters (others score lower): one paid here, elsewhere too?
+                def drawn(name=name, key=key):
+                    more = random.Random(f"asking {draws.probe_seed} {name} {key}")
+                    for _ in range(24):
+                        e2 = _drawn_solved(host, more)
+                        if e2 is not None:
+                            yield e2
+
                 def seeds_asking(name=name, key=key):
                     """The solved seeds, then drawn ones (up to 24 draws, made once for a tool's
                     argument and kept): few seeds may ask for the tool (a loan among others)."""
                     yield from solved
-                    more, got, left = asking.setdefault((name, key), (
-                        random.Random(f"asking {draws.probe_seed} {name} {key}"), [], [24]))
-                    i = 0
-                    while i < len(got) or left[0] > 0:
-                        if i == len(got):
-                            left[0] -= 1
-                            e2 = _drawn_solved(host, more)
-                            if e2 is None:
-                                continue
-                            got.append(e2)
-                        yield got[i]
-                        i += 1
+                    got, stream = asking.setdefault((name, key), ([], drawn()))
+                    yield from list(got)
+                    for e2 in stream:
+                        got.append(e2)
+                        yield e2
 
                 for v in passed[:3] if asked and len(passed) < len(values) else []:
                     paid, tried = [e.seed], 1
@@ -792,37 +792,38 @@ def decision_in_opening(host, solved: list, kinds: dict, draws, findings, stats:
                      key=("free_reward", "decision in opening"))
 
 
-def _said_with_calls(actions: list) -> list:
-    """The plan with each text before a tool call sent in that call's message instead of on its
-    own (a question and the write it asks about, at once); texts after the last call stay."""
+def _texts_moved(actions: list, at_call) -> list:
+    """The plan with the texts before each tool call handed to ``at_call(call, texts)``, which
+    returns what stands there instead; texts after the last call stay."""
     plan, pending = [], []
     for a in actions:
         if a.get("tool_calls"):
-            text = " ".join(pending + [a["content"]] if isinstance(a.get("content"), str) else pending)
-            plan.append({**a, "content": text or a.get("content")})
+            plan += at_call(a, pending)
             pending = []
         elif isinstance(a.get("content"), str) and a["content"].strip():
             pending.append(a["content"].strip())
         else:
             plan.append(a)
     return plan + [assistant(t) for t in pending]
+
+
+def _said_with_calls(actions: list) -> list:
+    """The plan with each text before a tool call sent in that call's message instead of on its
+    own (a question and the write it asks about, at once); texts after the last call stay."""
+    def along(a, texts):
+        text = " ".join(texts + [a["content"]] if isinstance(a.get("content"), str) else texts)
+        return [{**a, "content": text or a.get("content")}]
+    return _texts_moved(actions, along)
 
 
 def _said_after_calls(actions: list, kinds: dict) -> list:
     """The plan with the texts before each call that acts (a write: not a read or a hand-off)
     said right after that call instead (a question asked once the write it asks about is made);
     texts before other calls, and after the last call, stay."""
-    plan, pending = [], []
-    for a in actions:
-        if a.get("tool_calls"):
-            said = [assistant(t) for t in pending]
-            plan += [a] + said if _acts([a], kinds) else said + [a]
-            pending = []
-        elif isinstance(a.get("content"), str) and a["content"].strip():
-            pending.append(a["content"].strip())
-        else:
-            plan.append(a)
-    return plan + [assistant(t) for t in pending]
+    def after(a, texts):
+        said = [assistant(t) for t in texts]
+        return [a] + said if _acts([a], kinds) else said + [a]
+    return _texts_moved(actions, after)
 
 
 def _without_texts_before_calls(actions: list) -> list:
