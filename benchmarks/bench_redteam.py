@@ -1,13 +1,15 @@
 """Red-team benchmark: the full gate on every env of tests/redteam_unseen (flawed and good).
 
-    python benchmarks/bench_redteam.py [--probe-seed N] [--only NAME ...] [--out benchmarks/results/redteam.json]
+    python benchmarks/bench_redteam.py [--probe-seed N] [--draws K] [--only NAME ...] [--out benchmarks/results/redteam.json]
 
 Each env folder's manifest.json names its class (static, probe, capability, classic, robustness;
 good for the unmodified renders, which must be accepted). Prints a table (name, class, verdict,
 the first error finding) and the rejection rate per class, and writes JSON after every env (a
 crash or Ctrl-C keeps what was audited). Goal (issue 15): >= 90% of the flawed envs rejected,
 0 good envs rejected. Without --probe-seed every audit draws its own probes (as `envforge audit`
-does); the seeds drawn are in the JSON, so any row can be replayed.
+does); the seeds drawn are in the JSON, so any row can be replayed. --draws K audits every env K
+times (probe seeds N, N+1, ... with --probe-seed), so that a rate is measured, not one draw: a good
+env's false rejections, say `--only helpdesk_precondition_verification --draws 200`.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def corpus() -> list[tuple[str, Path, str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--probe-seed", type=int, default=None, help="the gate's probe seed (default: drawn per audit)")
+    ap.add_argument("--draws", type=int, default=1, help="audits of each env, each with its own probe seed")
     ap.add_argument("--only", nargs="*", default=None, help="audit only these env names")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "redteam.json"))
     args = ap.parse_args()
@@ -56,17 +59,18 @@ def main() -> int:
     for name, path, kind in corpus():
         if args.only and name not in args.only:
             continue
-        t0 = time.perf_counter()
-        report = audit(path, target="example", settings=GateSettings(probe_seed=args.probe_seed),
-                       write_report=False)
-        errors = [f for f in report.findings if f.severity == "error"]
-        rows.append({"env": name, "class": kind, "verdict": report.verdict, "seconds": round(time.perf_counter() - t0, 2),
-                     "checks": sorted({f.check for f in errors}),
-                     "finding": f"{errors[0].check}: {errors[0].message[:150]}" if errors else "",
-                     "probe_seed": report.stats.get("probe_seed")})
-        r = rows[-1]
-        print(f"{name:34s} {kind:11s} {r['verdict']:7s} {r['seconds']:6.1f} s  {r['finding'][:90]}", flush=True)
-        out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+        for draw in range(args.draws):
+            t0 = time.perf_counter()
+            probe_seed = None if args.probe_seed is None else args.probe_seed + draw
+            report = audit(path, target="example", settings=GateSettings(probe_seed=probe_seed), write_report=False)
+            errors = [f for f in report.findings if f.severity == "error"]
+            rows.append({"env": name, "class": kind, "verdict": report.verdict, "seconds": round(time.perf_counter() - t0, 2),
+                         "checks": sorted({f.check for f in errors}),
+                         "finding": f"{errors[0].check}: {errors[0].message[:150]}" if errors else "",
+                         "probe_seed": report.stats.get("probe_seed")})
+            r = rows[-1]
+            print(f"{name:34s} {kind:11s} {r['verdict']:7s} {r['seconds']:6.1f} s  {r['finding'][:90]}", flush=True)
+            out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     classes: dict[str, list] = {}
     for r in rows:
         classes.setdefault(r["class"], []).append(r)
@@ -78,7 +82,7 @@ def main() -> int:
                "median_s": sorted(r["seconds"] for r in rows)[len(rows) // 2] if rows else None,
                "load_average": {"before": load_before, "after": os.getloadavg()}}
     print()
-    print(f"{'class':12s}{'rejected':>10s}{'of':>5s}{'rate':>8s}")
+    print(f"{'class':12s}{'rejected':>10s}{'of':>5s}{'rate':>8s}   (audits)")
     for k, v in rates.items():
         print(f"{k:12s}{v['rejected']:10d}{v['of']:5d}{v['rejected'] / max(v['of'], 1):8.0%}")
     f = summary["flawed_rejected"]

@@ -466,3 +466,30 @@ def test_an_observation_that_breaks_the_contract_ends_the_episode_not_the_caller
         assert env.unwrapped._sandbox is sandbox and play(env, 4)[0] == 1.0
     finally:
         env.close()
+
+
+def test_the_example_env_takes_no_pasted_record_for_a_refusal(no_leak):
+    """The shipped env credits a decline that names the failed check; a loan record pasted as it
+    came holds "overdue" too, and the gate's "records said back" probe found that on some draws
+    (a CI run rejected the shipped env once). The reads of the reference, then their results said
+    back as the reply: no refusal, no score, the episode goes on."""
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        seeds = [s for s in range(60) if "is overdue" in str(env.unwrapped.solve(s)[-1].get("content"))]
+        assert len(seeds) >= 3, "the example env declines an overdue loan on a few of 60 seeds"
+        for seed in seeds[:3]:
+            plan = env.unwrapped.solve(seed)
+            env.reset(seed=seed)
+            said = []
+            for action in plan[:-1]:
+                obs, reward, terminated, truncated, _ = env.step(action)
+                assert not terminated and reward == 0.0
+                said += [m["content"] for m in obs["messages"] if m["role"] == "tool"]
+            assert any('"overdue"' in s for s in said), said
+            obs, reward, terminated, _, _ = env.step({"role": "assistant", "content": "\n".join(said)})
+            assert (reward, terminated) == (0.0, False), (seed, reward, obs)
+            # the reference's own decline still earns the full score
+            obs, reward, terminated, _, _ = env.step(plan[-1])
+            assert (reward, terminated) == (1.0, True), (seed, reward, obs)
+    finally:
+        env.close()

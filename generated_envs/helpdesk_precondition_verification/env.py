@@ -483,8 +483,10 @@ class Env:
             r"\b{}\b".format(sc["days"]), text) is not None
 
     def _user_reply(self, content):
-        """The employee's reply to assistant text: (reply, outcome or None)."""
+        """The employee's reply to assistant text: (reply, outcome or None). A record pasted as
+        it came ({...}) is not said: a loan's "overdue" status pasted back is no refusal."""
         text = content.lower() if isinstance(content, str) else ""
+        text = re.sub(r"\{.*\}", " ", text, flags=re.S)
         claims = [name for name, pattern in CLAIMS if re.search(pattern, text)]
         if claims:
             if claims == [self._sc["blocker"]]:
