@@ -167,6 +167,21 @@ def test_probes_are_drawn_per_audit_from_a_large_range():
     assert a.hash_seed != settings.training_hash_seed == 0
 
 
+def test_the_seeds_cover_what_training_runs_short_and_long():
+    """Half the seeds where a training run starts (its env seeds count up from 0), and none of
+    the ranges a run reaches left dark: a flaw kept to [256, 1000) (a long run's seeds) was on no
+    seed of any audit while the middling quarter was uniform in [1000, 10^6)."""
+    from envforge.gate.dynamic import TRAINING_SEEDS, Draws
+
+    settings = GateSettings()  # 50 seeds
+    draws = [Draws(p, settings).seeds for p in range(20)]
+    assert all(sum(s < TRAINING_SEEDS for s in d) >= settings.seeds // 2 for d in draws)
+    assert sum(any(256 <= s < 1000 for s in d) for d in draws) >= 15
+    assert sum(any(1000 <= s < 10**4 for s in d) for d in draws) >= 15
+    assert sum(any(10**5 <= s < 10**6 for s in d) for d in draws) >= 15
+    assert all(any(s >= 10**6 for s in d) for d in draws)
+
+
 def test_partial_credit_the_draw_missed_is_probed_again(tmp_path, monkeypatch):
     """With few seeds every perturbation of one round can score 0 or 1 by chance, and the good
     env (which pays 0.2, 0.7, 0.8 too) was rejected for 'partial_credit' (CI saw it at --seeds 8).

@@ -660,7 +660,7 @@ ROUND3 = {
                     if isinstance(c, dict) and '"days": 17' in str(c.get("function", {}).get("arguments")):
                         reward = float("inf") * 0
                 return obs, reward, terminated, truncated, info
-        """), "json", "days=17"),
+        """), "json", "reward is not JSON: nan"),  # days=17 sent, or a perturbed days that is 17
     # closing the request's own ticket after the checks earns a bonus each time: totals above 1
     "bonus_per_extra_close": (override("""
             def step(self, action):

@@ -87,6 +87,15 @@ def stock_replies(rng: random.Random, n: int) -> list[tuple[str, bool]]:
     return out
 
 
+def draw_seed(rng: random.Random, quarter: int, small: int = TRAINING_SEEDS) -> int:
+    """A seed of the audit's mix, from its ``quarter`` (0 to 3): 0 and 2 in [0, small), where
+    training runs first; 1 in [10^6, 2^31); 3 log-uniform in [small, 10^6), as many in [256,
+    1000) as in [1000, 4000), which a long run reaches."""
+    if quarter == 3:
+        return min(10**6 - 1, max(small, int(math.exp(rng.uniform(math.log(small), math.log(10**6))))))
+    return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, small)
+
+
 class Draws:
     """Everything the probes draw, from one probe seed: so that env code cannot recognise a probe
     (fixed seeds, fixed texts, fixed hash seeds) and an audit can still be replayed exactly."""
@@ -99,12 +108,9 @@ class Draws:
         # it learns; a ninth red team's env forgot its check on seeds 0-199 only, where one seed
         # in forty was drawn), a quarter middling, a quarter large; every other seed a small one,
         # so that the probes that look at the first few seeds of a kind look there too
-        small = (0, max(TRAINING_SEEDS, n))
-        ranges = [small, (10**6, 2**31), small, (1000, 10**6)]
         seeds: list[int] = []
         while len(seeds) < n:
-            lo, hi = ranges[len(seeds) % 4]
-            x = rng.randrange(lo, hi)
+            x = draw_seed(rng, len(seeds) % 4, max(TRAINING_SEEDS, n))
             if x not in seeds:
                 seeds.append(x)
         self.seeds = seeds
@@ -989,11 +995,13 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
     # more seeds: 20 at least, for writes the reference makes on a few seeds only (one request
     # kind of several, unblocked: an eighth of them), then while a change is not yet judged (2
     # seeds, one beside a lowering change) or a write's argument was tried on one seed only
+    drawn = []  # kept: the argument probes look there for tools no audit seed calls
     for n in range(60):
         if n >= 20 and not any(undecided(k) for k in each) and not any(short(k) for k in tried):
             break
         e = _drawn_solved(host, draws.rng)
         if e is not None:
+            drawn.append(e)
             vary_calls(e, extra=True)
     probes.second_tries(host, wrong, random.Random(f"second tries {draws.probe_seed}"), findings)
     # reads removed, for capabilities about gathering or checking. Removing one read tool at a
@@ -1038,7 +1046,7 @@ def _capability(host: Host, by_name: dict, solved: list[ProbeEpisode], settings:
                          "other values do: the env lets that value through where it is wrong (a "
                          "comparison such as >= where == is meant?).", key=("let through", name, key))
     # each tool of the reference in case/whitespace variants, nested deeply, at extreme values
-    probes.argument_probes(host, solved, by_name, kinds, draws, settings, findings)
+    probes.argument_probes(host, solved, by_name, kinds, draws, settings, findings, drawn)
     # every tool, twice, where the reference acts, on the records it sent (a bonus per call)
     probes.grounded_calls(host, solved, by_name, kinds, draws, findings)
     # episodes played to max_turns: the reference's reads again and again (else drawn talk)
@@ -1100,8 +1108,9 @@ _SKIP = object()
 
 
 def _drawn_solved(host: Host, rng: random.Random) -> ProbeEpisode | None:
-    """The reference played on a seed drawn from ``rng``, when it earns the full score."""
-    seed = rng.randrange(2**31)
+    """The reference played on a seed drawn from ``rng`` (the audit's mix: ``draw_seed``), when
+    it earns the full score."""
+    seed = draw_seed(rng, rng.randrange(4))
     plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
     if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
         return None

@@ -178,26 +178,39 @@ def _variants(value: str, rng: random.Random) -> list[str]:
     return [v for v in dict.fromkeys(out) if v != value]
 
 
-def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, settings, findings) -> None:
+def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, settings, findings,
+                    beside: list = ()) -> None:
     """For each tool the reference calls (episodes chosen so that each appears, from all solved
-    seeds): its string arguments in case/whitespace variants, each argument nested deeply, and
+    seeds, then from ``beside``, solved seeds drawn beside the audit's, for a tool none of them
+    calls): its string arguments in case/whitespace variants, each argument nested deeply, and
     each argument at an extreme value. The env must answer each promptly with an observation.
     For a tool that is not a read, an integer the user asked for (its value in the opening) that
-    a value of its range replaces at the full score is sent so on up to 4 more seeds that asked
-    for another (the solved seeds, then drawn ones: few may call the tool): one value paid
-    whatever was asked (3 seeds, a quarter) is a ``partial_credit`` finding ("a full term is
-    always fine")."""
+    a value of its range replaces at the full score, and the value asked itself, are sent so on
+    up to 4 more seeds that asked for another (the solved seeds, then drawn ones: few may call
+    the tool): one value paid whatever was asked (3 seeds, a quarter) is a ``partial_credit``
+    finding ("a full term is always fine")."""
     from envforge.gate.dynamic import _SKIP, _call_name, _drawn_solved, _extreme, _json_args, _properties, _with_call
 
     rng = random.Random(draws.rng.randrange(2**63))
     asking: dict = {}  # (tool, argument) -> the seeds drawn for it (seeds_asking, below)
     per_tool: dict[str, list] = {}
-    for e in solved:
+
+    def take(e, only=None) -> None:
         for i, a in enumerate(e.actions):
             for j, call in enumerate(a.get("tool_calls") or []):
-                slot = per_tool.setdefault(call["function"]["name"], [])
+                name = _call_name(call)
+                if name is None or (only is not None and name not in only):
+                    continue
+                slot = per_tool.setdefault(name, [])
                 if len(slot) < 2 and all(x[0].seed != e.seed for x in slot):
                     slot.append((e, i, j, call))
+
+    for e in solved:
+        take(e)
+    # a tool the reference calls on a seed in ten (a loan among other requests) may be on none of
+    # the audit's seeds (one audit of 30 seeds in thirty): then on the seeds drawn beside them
+    for e in beside:
+        take(e, only=set(by_name) - set(per_tool))
     for name, slots in sorted(per_tool.items()):
         props = _properties(by_name, name)
         for k, (e, i, j, call) in enumerate(slots):
@@ -239,8 +252,12 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                         got.append(e2)
                         yield e2
 
-                for v in passed[:3] if asked and len(passed) < len(values) else []:
-                    paid, tried = [e.seed], 1
+                # the values paid here beside the one asked, and the one asked (the seed may have
+                # asked for the very value that is paid whatever was asked)
+                for v in (passed[:3] if len(passed) < len(values) else []) + [value] if asked else []:
+                    # the seed asked for v itself: no evidence there (it asked for v)
+                    paid, tried = ([e.seed], 1) if v != value else ([], 0)
+                    asked_for = {e.seed: value}
                     for e2 in seeds_asking():
                         at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
                                    enumerate(a.get("tool_calls") or []) if _call_name(c) == name
@@ -248,7 +265,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                         if e2.seed == e.seed or at is None:
                             continue
                         a2 = _json_args(at[2]) or {}
-                        tried += 1
+                        tried, asked_for[e2.seed] = tried + 1, a2.get(key)
                         if as_good(e2, run({**a2, key: v}, f"{name}.{key}={v} elsewhere", e2, at[0], at[1],
                                          at[2].get("id", "call_0"))):
                             paid.append(e2.seed)
@@ -257,7 +274,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                     if len(paid) >= 3 and often(paid, tried):
                         findings.add("partial_credit", f"setting the argument {key!r} of {name} to {v!r} earns "
                                      f"the full score on {len(paid)} of {tried} seeds that asked for another "
-                                     f"value (e.g. seed {paid[0]}, which asked for {value!r}): that value is "
+                                     f"value (e.g. seed {paid[0]}, which asked for {asked_for[paid[0]]!r}): that value is "
                                      "paid whatever was asked, so the agent learns to send it.",
                                      key=("let through", name, key, "constant"))
                         break
@@ -376,7 +393,7 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
     for e in acting[:6]:
         sent = _sent_values(e.actions)
         used = {_call_name(c) for a in e.actions for c in a.get("tool_calls") or []}
-        at = next(i for i, a in enumerate(e.actions) if _acts([a], kinds))
+        at = _act_at(e, kinds)
         if as_good(e, host.episode("a", e.seed, scripted(e.actions[:at]), "up to the act")):
             continue  # the act is optional here: nothing to stand in for
         tried += 1
@@ -394,10 +411,9 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
                          "stands in for the decision; pay only the act the request needs.",
                          key=("free_reward", "stand-in", name))
             break
-    for n_e, e in enumerate(acting[:3] + rest[:3]):  # seeds of both sides: where other records show
+    for n_e, e in enumerate(acting[:3] + rest[:3]):  # seeds of both sides
         sent = _sent_values(e.actions)
-        at = next((i for i, a in enumerate(e.actions) if _acts([a], kinds)),  # else before its answer
-                  max((i + 1 for i, a in enumerate(e.actions) if a.get("tool_calls")), default=0))
+        at = _act_at(e, kinds)
         for t, name in enumerate(sorted(by_name)):
             args = _grounded_args(name, by_name, sent, rng, texts)
             if args is None:
@@ -415,16 +431,35 @@ def grounded_calls(host, solved: list, by_name: dict, kinds: dict, draws, findin
                     long = {**args, **{k: text for k in free}}
                     host.episode("a", e.seed, scripted(e.actions[:at] + [assistant(None, [tool_call(name, long, f"call_l{t}")])]),
                                  f"{name} with long text")
-            # and, for a read, other real records the episode shows (a bonus per record read)
-            keys = [k for k in sorted(args) if isinstance(args[k], str) and k in sent]
-            if kinds.get(name) == "read" and keys:
-                avoid = {v for vs in sent.values() for v in vs if isinstance(v, str)}
-                others = _shaped(args[keys[0]], e, avoid)[:4]
-                if others:
-                    more = [assistant(None, [tool_call(name, {**args, keys[0]: x}, f"call_o{t}_{n}")])
-                            for n, x in enumerate(others)]
-                    host.episode("a", e.seed, scripted(e.actions[:at] + more + e.actions[at:]),
-                                 f"{name} of other records")
+    # and each read sent for other real records the episode shows (a bonus per record read), on
+    # up to 3 seeds a read and side (acts, declines) where there are others: many seeds show only
+    # the request's own records (another employee's id shows where the ticket is someone else's),
+    # so every solved seed is looked at
+    rng, shown = random.Random(f"other records {draws.probe_seed}"), {}
+    for e in acting + rest:
+        sent, side = _sent_values(e.actions), e in acting
+        for t, name in enumerate(sorted(by_name)):
+            if kinds.get(name) != "read" or shown.get((name, side), 0) >= 3:
+                continue
+            args = _grounded_args(name, by_name, sent, rng, texts)
+            keys = [k for k in sorted(args or {}) if isinstance(args[k], str) and k in sent]
+            if not keys:
+                continue
+            avoid = {v for vs in sent.values() for v in vs if isinstance(v, str)}
+            others = _shaped(args[keys[0]], e, avoid)[:4]
+            if others:
+                shown[(name, side)] = shown.get((name, side), 0) + 1
+                at = _act_at(e, kinds)
+                more = [assistant(None, [tool_call(name, {**args, keys[0]: x}, f"call_o{t}_{n}")])
+                        for n, x in enumerate(others)]
+                host.episode("a", e.seed, scripted(e.actions[:at] + more + e.actions[at:]), f"{name} of other records")
+
+
+def _act_at(e, kinds: dict) -> int:
+    """Where the reference acts in ``e`` (the index of its first write), else where it answers
+    (after its last call)."""
+    return next((i for i, a in enumerate(e.actions) if _acts([a], kinds)),
+                max((i + 1 for i, a in enumerate(e.actions) if a.get("tool_calls")), default=0))
 
 
 def malformed_episodes(host, tools: list, draws) -> list:
