@@ -243,9 +243,11 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                             yield e2
 
                 def seeds_asking(name=name, key=key):
-                    """The solved seeds, then drawn ones (up to 24 draws, made once for a tool's
-                    argument and kept): few seeds may ask for the tool (a loan among others)."""
+                    """The solved seeds, those drawn beside them, then drawn ones (up to 24
+                    draws, made once for a tool's argument and kept): few seeds may ask for the
+                    tool (a loan among others)."""
                     yield from solved
+                    yield from beside
                     got, stream = asking.setdefault((name, key), ([], drawn()))
                     yield from list(got)
                     for e2 in stream:
