@@ -259,12 +259,12 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
                 for v in (passed[:3] if len(passed) < len(values) else []) + [value] if asked else []:
                     # the seed asked for v itself: no evidence there (it asked for v)
                     paid, tried = ([e.seed], 1) if v != value else ([], 0)
-                    asked_for = {e.seed: value}
+                    asked_for = {e.seed: value}  # the seeds tried (each once: the drawn may repeat one)
                     for e2 in seeds_asking():
                         at = next(((i2, j2, c) for i2, a in enumerate(e2.actions) for j2, c in
                                    enumerate(a.get("tool_calls") or []) if _call_name(c) == name
                                    and (_json_args(c) or {}).get(key, v) != v), None)
-                        if e2.seed == e.seed or at is None:
+                        if e2.seed in asked_for or at is None:
                             continue
                         a2 = _json_args(at[2]) or {}
                         tried, asked_for[e2.seed] = tried + 1, a2.get(key)
