@@ -256,7 +256,7 @@ def argument_probes(host, solved: list, by_name: dict, kinds: dict, draws, setti
 
                 # the values paid here beside the one asked, and the one asked (the seed may have
                 # asked for the very value that is paid whatever was asked)
-                for v in (passed[:3] if len(passed) < len(values) else []) + [value] if asked else []:
+                for v in ((passed[:3] if len(passed) < len(values) else []) + [value]) if asked else []:
                     # the seed asked for v itself: no evidence there (it asked for v)
                     paid, tried = ([e.seed], 1) if v != value else ([], 0)
                     asked_for = {e.seed: value}  # the seeds tried (each once: the drawn may repeat one)
@@ -1636,8 +1636,9 @@ def every_reason(host, solved: list, by_name: dict, kinds: dict, draws, findings
             pasted += 1
             if as_good(e, instead(e, "\n".join(shown), "the reads' results said back")):
                 recited.append(e.seed)
-    if len(recited) >= 3 and 2 * len(recited) >= pasted:  # where its decline names a word its records hold,
-        # a good env may take the pasted record for it on some seeds (the shipped env: an overdue loan)
+    if len(recited) >= 3 and 2 * len(recited) >= pasted:  # half, not a quarter: an env that judges a
+        # decline by a word its records hold takes a pasted record for it on some seeds (the shipped
+        # env did, an overdue loan's, until it read replies with the records taken out)
         findings.add("free_reward", f"the results of the reference's reads said back as they came, in place of "
                      f"its decline, earn the full score on {len(recited)} of {pasted} seeds where it declines "
                      f"(e.g. seed {recited[0]}): the env takes the records for the decision, so the agent "
