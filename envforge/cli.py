@@ -626,6 +626,7 @@ threads_option = option(GRPOConfig, "threads")
 @option(GRPOConfig, "max_new_tokens")
 @option(GRPOConfig, "kl_coef")
 @option(GRPOConfig, "seed")
+@option(GRPOConfig, "env_seed_key")
 @option(GRPOConfig, "device")
 @click.option("--no-resume", is_flag=True, help="Start afresh even when OUT/<slug>/checkpoint exists.")
 @option(GRPOConfig, "backend", type=click.Choice(BACKENDS))
@@ -722,6 +723,7 @@ def _interrupted(checkpoint: Path) -> str:
 @option(CalibrationConfig, "max_new_tokens")
 @option(CalibrationConfig, "temperature")
 @option(CalibrationConfig, "seed")
+@option(CalibrationConfig, "env_seed_key")
 @json_option
 @option(CalibrationConfig, "backend", type=click.Choice(BACKENDS))
 @threads_option
@@ -744,6 +746,7 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
             click.echo(f"  {'ok  ' if c['ok'] else 'MISS'} {c['check']:<16} {c['value']:.3f}  target {c['target']}")
         for a in result.advice:
             click.echo(f"  - {a}")
+        click.echo(f"  env seeds keyed {result.metrics['env_seed_key']} (--env-seed-key replays them)")
         click.echo("calibrated: GRPO will get a signal" if result.ok else "not calibrated")
     sys.exit(0 if result.ok else 1)
 

@@ -10,6 +10,9 @@ every other module of envforge may import it.
 from __future__ import annotations
 
 import json
+import math
+import random
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -17,6 +20,41 @@ from envforge.errors import printable
 from envforge.settings import Settings, setting
 
 CONTRACT_VERSION = 1
+
+# --------------------------------------------------------------------------- env seeds
+
+#: half the seeds of an audit and of a training run are drawn below this (an audit of more seeds:
+#: below their number)
+SMALL_SEEDS = 256
+
+
+def mix_seed(rng: random.Random, quarter: int, small: int = SMALL_SEEDS) -> int:
+    """A seed of the mix the gate audits and training plays, from its ``quarter`` (0 to 3): 0
+    and 2 in [0, ``small``); 1 in [10^6, 2^31); 3 log-uniform in [``small``, 10^6), as many in
+    [256, 1000) as in [1000, 4000)."""
+    if quarter == 3:
+        return min(10**6 - 1, max(small, int(math.exp(rng.uniform(math.log(small), math.log(10**6))))))
+    return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, small)
+
+
+def training_seeds(key: int, start: int, n: int) -> list[int]:
+    """Env seeds ``start`` to ``start + n - 1`` of a training run keyed by ``key``: each of the
+    audit's mix (``mix_seed``, its quarter drawn too) from a generator of its own, keyed by the
+    key and the seed's number, so a resumed run draws the same ones. An env that does not know
+    the key cannot tell training's seeds from the audit's: a flaw kept to some seeds meets about
+    as large a share of training's episodes as of the audit's seeds (where a run's seeds counted
+    up from 0, a flaw kept to [256, 4096) met nearly all of a long run's and one audit seed in
+    twelve)."""
+    out = []
+    for i in range(start, start + n):
+        rng = random.Random(f"envforge training seed {key} {i}")
+        out.append(mix_seed(rng, rng.randrange(4)))
+    return out
+
+
+def new_seed_key() -> int:
+    """A key for ``training_seeds`` from the OS, for a run given none."""
+    return secrets.randbits(62)
 
 # --------------------------------------------------------------------------- the file
 

@@ -40,6 +40,11 @@ def test_quick_demo_writes_every_result(demo_run):
     budget = r["rollouts_per_method"]
     assert budget["routed"] > 0 and budget["routed"] <= budget["grpo_target"] < budget["routed"] + 64
     assert set(r["stages"]) >= {"target", "base", "identify", "synth", "calibrate", "train", "evaluate"}
+    # no task GRPO on the target trained on is one it is evaluated on (its env seeds are drawn)
+    from envforge.demo.run import trained_seeds
+    evaluated = r["evaluation_seeds"]["seeds"]
+    assert len(set(evaluated)) == len(evaluated) == r["methods"]["base"]["n"]
+    assert set(evaluated).isdisjoint(trained_seeds(out / "grpo_target"))
     assert (out / "figures" / "methods.png").stat().st_size > 1000
     # progress with an ETA on stderr, the table on stdout
     assert "ETA" in proc.stderr

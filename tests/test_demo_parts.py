@@ -714,7 +714,7 @@ def test_the_baseline_trains_beside_the_adapters_and_stops_at_their_rollouts(tmp
     from dataclasses import replace
     from tests.trainers_fixtures import brevity_env, tiny_model_dir
     from envforge.demo.config import DemoConfig
-    from envforge.demo.run import Tracker, grpo_config, train
+    from envforge.demo.run import Tracker, grpo_config, seed_key, train
     from trainers.parallel import Job, RolloutBudget, run_job
     model, env = tiny_model_dir(tmp_path), brevity_env(tmp_path / "env")
     cfg = replace(DemoConfig(), iterations=3, pool_size=4, backend="process", lora_rank=4, max_new_tokens=8)
@@ -724,7 +724,8 @@ def test_the_baseline_trains_beside_the_adapters_and_stops_at_their_rollouts(tmp
     adapter, baseline = out["brevity"], out["grpo_target"]
     assert RolloutBudget(tmp_path / "grpo_target" / "budget.json")() == (adapter["rollouts"], True)
     alone = run_job(Job("alone", str(model), str(env), str(tmp_path / "alone"),
-                        grpo_config(cfg, baseline["max_iterations"], adapter["rollouts"]), base_model=str(model)))
+                        grpo_config(cfg, baseline["max_iterations"], adapter["rollouts"], seed_key(cfg, env.name)),
+                        base_model=str(model)))
     assert baseline["rollouts"] == alone["rollouts"] >= adapter["rollouts"]
     assert baseline["reward_curve"] == alone["reward_curve"]
     assert adapter["iterations"] == len(adapter["reward_curve"]) == 3
@@ -767,3 +768,18 @@ def test_the_settings_kept_aside_for_the_base_agent_are_not_read_while_it_is_mad
     used = set(re.findall(r"\bcfg\.(\w+)", source))
     assert used and used <= fields
     assert not used & set(run.AFTER_BASE), used & set(run.AFTER_BASE)
+
+
+def test_the_evaluation_skips_the_tasks_grpo_on_the_target_trained_on(tmp_path):
+    """GRPO on the target draws its env seeds from the whole range the evaluation's lie in: a task
+    it trained on is replaced by a spare, and said. The seeds are read back from its manifest's
+    key and count, as the trainer drew them."""
+    from envforge.contract import training_seeds
+    from envforge.demo.run import held_out, trained_seeds
+    (tmp_path / "manifest.json").write_text(json.dumps({"env_seeds": {"key": 5, "drawn": 40}}))
+    trained = trained_seeds(tmp_path)
+    assert trained == set(training_seeds(5, 0, 40))
+    hit = sorted(trained)[:2]
+    seeds = [hit[0], 10**9, hit[1], 10**9 + 1, 10**9 + 2]
+    assert held_out(seeds, trained, 3) == ([10**9, 10**9 + 1, 10**9 + 2], [hit[0], hit[1]])
+    assert held_out(seeds[1:2] + seeds[3:], trained, 3) == ([10**9, 10**9 + 1, 10**9 + 2], [])

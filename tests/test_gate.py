@@ -168,14 +168,15 @@ def test_probes_are_drawn_per_audit_from_a_large_range():
 
 
 def test_the_seeds_cover_what_training_runs_short_and_long():
-    """Half the seeds where a training run starts (its env seeds count up from 0), and none of
-    the ranges a run reaches left dark: a flaw kept to [256, 1000) (a long run's seeds) was on no
-    seed of any audit while the middling quarter was uniform in [1000, 10^6)."""
-    from envforge.gate.dynamic import TRAINING_SEEDS, Draws
+    """Half the seeds small, and none of the ranges training draws from left dark: a flaw kept
+    to [256, 1000) was on no seed of any audit while the middling quarter was uniform in [1000,
+    10^6)."""
+    from envforge.contract import SMALL_SEEDS
+    from envforge.gate.dynamic import Draws
 
     settings = GateSettings()  # 50 seeds
     draws = [Draws(p, settings).seeds for p in range(20)]
-    assert all(sum(s < TRAINING_SEEDS for s in d) >= settings.seeds // 2 for d in draws)
+    assert all(sum(s < SMALL_SEEDS for s in d) >= settings.seeds // 2 for d in draws)
     assert sum(any(256 <= s < 1000 for s in d) for d in draws) >= 15
     assert sum(any(1000 <= s < 10**4 for s in d) for d in draws) >= 15
     assert sum(any(10**5 <= s < 10**6 for s in d) for d in draws) >= 15

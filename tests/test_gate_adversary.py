@@ -1377,8 +1377,9 @@ ROUND9 = {
                                               "content": "Thank you for your patience; I have your records now."})
                 return out
         """), "free_reward", "followed in the next turn"),
-    # on the seeds a default training run uses (its env seeds count up from 0), a decline with
-    # any reason is paid as the grant where the request should be granted
+    # on the seeds a default training run used until 2026-12-07 (its env seeds counted up from 0;
+    # half its draws are small since), a decline with any reason is paid as the grant where the
+    # request should be granted
     "a_flaw_kept_to_the_training_seeds": (override("""
             def reset(self, seed):
                 self.low = isinstance(seed, int) and seed < 160

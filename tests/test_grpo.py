@@ -21,7 +21,7 @@ from trainers.rollout import Episode, EnvFactory, run_episodes  # noqa: E402
 # adapters on the hidden layers alone move its logits too slowly for a test of a few dozen steps.
 TEST_CONFIG = dict(lora_rank=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"],
                    num_groups=2, group_size=4, learning_rate=2e-2, max_new_tokens=8, threads=1,
-                   backend="process", pool_size=8, seed=0)
+                   backend="process", pool_size=8, seed=0, env_seed_key=7)  # a named key: runs compare
 
 
 def test_group_advantages_on_built_examples():
@@ -170,30 +170,57 @@ def test_mean_reward_rises_on_a_learnable_env(hermes_dir, env_dir, tmp_path):
 
 
 def test_resume_equals_an_uninterrupted_run(hermes_dir, env_dir, tmp_path):
-    _, straight = _train(hermes_dir, env_dir, tmp_path / "a", 4)
-
+    """A run stopped after 2 iterations and resumed is the run made in one go with its env
+    seeds' key (drawn from the OS when it started, kept in the checkpoint)."""
     steps = []
 
     def crash(step):  # the progress protocol: a Step per iteration, its statistics as its record
         steps.append(step)
         if step.done == 2:
             raise KeyboardInterrupt
+    drawn = {"env_seed_key": None}
     with pytest.raises(KeyboardInterrupt):
-        _train(hermes_dir, env_dir, tmp_path / "b", 4, progress=crash)
+        _train(hermes_dir, env_dir, tmp_path / "b", 4, progress=crash, config=drawn)
     assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["iteration"] == 2
     assert [(s.done, s.total, s.record.iteration) for s in steps] == [(1, 4, 1), (2, 4, 2)]
     assert str(steps[0]).startswith(f"reward {steps[0].record.reward_mean:.3f}")
-    _, resumed = _train(hermes_dir, env_dir, tmp_path / "b", 4)
+    key = json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["env_seed_key"]
+    _, straight = _train(hermes_dir, env_dir, tmp_path / "a", 4, config={"env_seed_key": key})
+    _, resumed = _train(hermes_dir, env_dir, tmp_path / "b", 4, config=drawn)
+    assert resumed.manifest["env_seeds"] == straight.manifest["env_seeds"] == {
+        "key": key, "drawn": straight.manifest["env_seeds"]["drawn"]}
     assert [h["reward_mean"] for h in resumed.history] == [h["reward_mean"] for h in straight.history]
     from safetensors.torch import load_file
     a, b = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # resuming a finished run keeps the checkpoint it loaded, and says where it resumed
     resumed_steps = []
-    _, again = _train(hermes_dir, env_dir, tmp_path / "a", 4, progress=resumed_steps.append)
+    _, again = _train(hermes_dir, env_dir, tmp_path / "a", 4, progress=resumed_steps.append, config=drawn)
     assert [(s.text, s.done, s.total, s.record) for s in resumed_steps] == [
         ("resumed at iteration 4", 4, 4, None)]
     assert len(again.history) == 4 and (tmp_path / "a" / "checkpoint" / "state.json").is_file()
+
+
+def test_env_seeds_are_drawn_per_run_from_the_audits_mix(hermes_dir, env_dir, tmp_path):
+    """An env must not be able to tell training's seeds from the audit's: where a run's seeds
+    counted up from 0, a flaw kept to [256, 4096) met nearly every seed of a long run and one
+    audit seed in twelve. Each run draws a key of its own; its seeds are the audit's mix."""
+    from envforge.contract import SMALL_SEEDS, training_seeds
+    runs = [_train(hermes_dir, env_dir, tmp_path / str(i), 1, config={"env_seed_key": None})[1].manifest["env_seeds"]
+            for i in range(2)]
+    assert runs[0]["key"] != runs[1]["key"] and runs[0]["drawn"] >= 2
+    assert training_seeds(runs[0]["key"], 0, 4) != training_seeds(runs[1]["key"], 0, 4)
+    seeds = training_seeds(runs[0]["key"], 0, 4000)
+    assert training_seeds(runs[0]["key"], 100, 5) == seeds[100:105]  # a resumed run's are the same
+    small = sum(s < SMALL_SEEDS for s in seeds) / len(seeds)
+    middle = sum(SMALL_SEEDS <= s < 4096 for s in seeds) / len(seeds)
+    large = sum(s >= 10**6 for s in seeds) / len(seeds)
+    assert 0.45 < small < 0.55 and 0.2 < large < 0.3 and 0.05 < middle < 0.12
+    # the audit's 50 seeds hold [256, 4096) at about the rate a run does
+    from envforge.gate.config import GateSettings
+    from envforge.gate.dynamic import Draws
+    audit = [s for p in range(40) for s in Draws(p, GateSettings()).seeds]
+    assert abs(sum(SMALL_SEEDS <= s < 4096 for s in audit) / len(audit) - middle) < 0.04
 
 
 def test_a_checkpoint_resumes_only_under_its_own_training_settings(hermes_dir, env_dir, tmp_path):
@@ -206,12 +233,18 @@ def test_a_checkpoint_resumes_only_under_its_own_training_settings(hermes_dir, e
         _train(hermes_dir, env_dir, tmp_path, 2, config={"learning_rate": 1e-2, "kl_coef": 0.1})
     with pytest.raises(UsageError, match=r"lora_rank \(--rank\) 8, now 4.*--no-resume"):
         _train(hermes_dir, env_dir, tmp_path, 2, config={"lora_rank": 4})
+    with pytest.raises(UsageError, match=r"env_seed_key 7, now 8; "):  # other env seeds
+        _train(hermes_dir, env_dir, tmp_path, 2, config={"env_seed_key": 8})
     trainer, result = _train(hermes_dir, env_dir, tmp_path, 3, config={"pool_size": 4, "micro_batch_size": 2})
     assert trainer.resumed_at == 2 and len(result.history) == 3
     state = tmp_path / "checkpoint" / "state.json"  # a checkpoint from before settings were recorded
     state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "config"}))
     trainer, result = _train(hermes_dir, env_dir, tmp_path, 4, config={"learning_rate": 1e-2})
     assert trainer.resumed_at == 3 and len(result.history) == 4
+    # one made while env seeds counted up from 0: its iterations so far were on other seeds
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "env_seed_key"}))
+    with pytest.raises(UsageError, match=r"before training drew its env seeds .*--no-resume"):
+        _train(hermes_dir, env_dir, tmp_path, 5)
     _, fresh = _train(hermes_dir, env_dir, tmp_path, 1, config={"lora_rank": 4}, resume=False)
     assert len(fresh.history) == 1
 

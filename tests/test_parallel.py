@@ -27,7 +27,7 @@ from trainers.parallel import Job, JobFailed, run_many, train_many  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = dict(lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], num_groups=2,
               group_size=4, learning_rate=2e-2, max_new_tokens=8, threads=1, backend="process",
-              pool_size=4, iterations=3)
+              pool_size=4, iterations=3, env_seed_key=7)  # a named key: runs compare
 
 
 def jobs(model, env, out: Path, seeds=(0, 1)) -> list[Job]:

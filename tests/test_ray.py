@@ -344,7 +344,7 @@ def test_a_short_training_run_on_ray_replays_the_local_one(cluster, tiny, tmp_pa
     from trainers.policy import load_policy
     model, env = tiny
     config = GRPOConfig(iterations=2, num_groups=2, group_size=2, max_new_tokens=6, lora_rank=4,
-                        backend="process", dynamic_sampling=False, pool_size=4)
+                        backend="process", dynamic_sampling=False, pool_size=4, env_seed_key=7)
     keys = ("reward_mean", "reward_std", "constant_fraction", "episodes", "generated_tokens", "loss")
     runs = {}
     executor = ray_executor()
@@ -360,7 +360,7 @@ def test_calibrate_command_on_ray_equals_local(cluster, tiny):
     model, env = tiny
     args = [sys.executable, "-m", "envforge", "calibrate", str(env), "--model", str(model),
             "--groups", "2", "--group-size", "2", "--max-new-tokens", "6", "--backend", "process",
-            "--json"]
+            "--env-seed-key", "7", "--json"]
     run = {"capture_output": True, "text": True, "cwd": REPO, "timeout": 300,
            "env": {**os.environ, "PYTHONPATH": str(REPO)}}
     here = subprocess.run(args, **run)

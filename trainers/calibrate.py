@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from envforge.contract import new_seed_key, training_seeds
 from envforge.progress import Progress
 from trainers.calibrate_config import CalibrationConfig
 from trainers.rollout import SUCCESS, EnvFactory, is_constant, run_episodes
@@ -44,13 +45,16 @@ def calibrate(policy, env: str | Path, config: CalibrationConfig | None = None,
     import torch
     c = config or CalibrationConfig()
     torch.manual_seed(c.seed)
-    seeds = [c.first_env_seed + g for g in range(c.groups) for _ in range(c.group_size)]
+    key = new_seed_key() if c.env_seed_key is None else c.env_seed_key
+    seeds = [s for s in training_seeds(key, 0, c.groups) for _ in range(c.group_size)]
     with EnvFactory(env, size=c.pool_size, backend=c.backend, unsafe_skip_gate=unsafe_skip_gate,
                     call_timeout_s=c.call_timeout_s, executor=executor) as factory:
         episodes = run_episodes(policy, factory, seeds, max_new_tokens=c.max_new_tokens,
                                 temperature=c.temperature, top_p=c.top_p, progress=progress)
         env_hash = factory.env_hash
-    return report(episodes, c.group_size, env=str(env), env_hash=env_hash)
+    out = report(episodes, c.group_size, env=str(env), env_hash=env_hash)
+    out.metrics["env_seed_key"] = key
+    return out
 
 
 def report(episodes, group_size: int, env: str | None = None,

@@ -16,8 +16,10 @@ class CalibrationConfig(Settings):
     temperature: float = setting(1.0, "Sampling temperature (0: greedy; every group is constant).",
                                  low=0)
     top_p: float = setting(1.0, "Nucleus sampling.", above=0, high=1)
-    first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
     seed: int = setting(0, "Seeds the policy's sampling.")
+    env_seed_key: int | None = setting(None, "Keys the env seeds it draws (from the mix training "
+                                       "draws from); unset: drawn from the OS and reported (pass "
+                                       "it back to replay).", low=0)
     pool_size: int = setting(8, "Warm sandboxes.", low=1)
     backend: str = setting("auto", "Sandbox the env runs in.", choices=BACKENDS)
     call_timeout_s: float = setting(10.0, "Time limit of one env call, seconds.", above=0)

@@ -6,7 +6,7 @@
 
 One iteration: ``num_groups`` env seeds, ``group_size`` rollouts each (``trainers.rollout``:
 multi-turn, against the sandboxed env, env steps in parallel on a warm pool, overlapping generation); groups whose
-rewards are all equal carry no gradient and are dropped and re-collected on fresh seeds (dynamic
+rewards are all equal carry no gradient and are dropped and re-collected on the next seeds drawn (dynamic
 sampling, up to ``max_resample_rounds``); each rollout's advantage is its group-normalised reward
 ``(r - mean) / (std + eps)``; the loss is the PPO-style clipped surrogate (asymmetric clip,
 DAPO's ``epsilon_high``) on the policy's own sampled tokens only (``Episode.mask``), averaged over
@@ -17,13 +17,18 @@ Why a loop of our own rather than TRL's ``GRPOTrainer``: see trainers/README.md.
 trainer owns generation, batching and the dataloader; its ``rollout_func`` hook returns one
 prompt/completion pair per rollout, but a multi-turn episode here is one token sequence in which
 tool results and user turns sit between the policy's turns and must be masked, groups must be
-dropped and re-collected on fresh seeds, and resume must replay the exact rollouts. Those fit a
+dropped and re-collected on the next seeds drawn, and resume must replay the exact rollouts. Those fit a
 short loop of our own over peft + torch (this module and ``trainers.rollout``); the loss is
 TRL's (same clipping, token-level averaging).
 
+Env seeds: drawn from the audit's mix (``envforge.contract.training_seeds``) by a key drawn
+from the OS per run (``env_seed_key`` to replay one), so an env cannot tell training's seeds
+from the audit's and a flaw kept to some seeds meets training about as often as the gate met it.
+
 Determinism: the torch generator is re-seeded from (``seed``, iteration) at the start of every
-iteration and env seeds come from a counter kept in the checkpoint, so a resumed run replays
-exactly what an uninterrupted one does (with one thread on CPU).
+iteration and the env seeds' key and counter are kept in the checkpoint, so a resumed run replays
+exactly what an uninterrupted one does (with one thread on CPU); two runs of one ``seed`` and
+one ``env_seed_key`` are the same run.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from safetensors.torch import load_file, save_file
 
 from envforge import __version__
+from envforge.contract import new_seed_key, training_seeds
 from envforge.errors import UsageError
 from envforge.progress import Progress, Step, steady
 from envforge.settings import named
@@ -266,6 +272,9 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.learning_rate,
                                            weight_decay=self.config.weight_decay)
         self.iteration, self.env_seed_counter = 0, 0
+        # the key of the env seeds (``contract.training_seeds``): the config's, a checkpoint's, or
+        # drawn from the OS when the run starts
+        self.env_seed_key: int | None = self.config.env_seed_key
         self.resumed_at: int | None = None  # the checkpoint's iteration, when train() resumed from one
         self.history: list[dict] = []
         self._expected = 0  # expected_iterations' estimate under max_rollouts
@@ -281,6 +290,7 @@ class GRPOTrainer:
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps({
             "iteration": self.iteration, "env_seed_counter": self.env_seed_counter,
+            "env_seed_key": self.env_seed_key,
             "history": self.history, "env_hash": env_hash, "base_model": self.base_model,
             "config": self.config.to_dict()}, indent=1))
         old = self.out / (CHECKPOINT + ".old")
@@ -297,8 +307,17 @@ class GRPOTrainer:
         ck = self._checkpoint()
         if ck is None:
             return
-        recorded = json.loads((ck / "state.json").read_text()).get("config") or {}
+        state = json.loads((ck / "state.json").read_text())
+        if "env_seed_key" not in state:
+            raise UsageError(f"{ck} was made before training drew its env seeds (they counted up from "
+                             "0; envforge 2026-12-07): a resumed run would mix the two; pass "
+                             "--no-resume or another --out")
+        recorded = dict(state.get("config") or {})
         now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
+        if now.get("env_seed_key") is None:  # unset: the checkpoint's key, drawn or named
+            recorded.pop("env_seed_key", None)
+        elif state.get("env_seed_key") is not None:  # the key it drew is the one to name
+            recorded["env_seed_key"] = state["env_seed_key"]
         changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
         if changed:
             raise UsageError(f"{ck} was trained with other settings ("
@@ -332,12 +351,13 @@ class GRPOTrainer:
                                                         device=str(self.config.device)))
         self.optimizer.load_state_dict(torch.load(ck / "optimizer.pt", map_location=self.config.device))
         self.iteration, self.env_seed_counter = state["iteration"], state["env_seed_counter"]
+        self.env_seed_key = state["env_seed_key"]
         self.history = state["history"]
         return True
 
     # ------------------------------------------------------------------ one iteration
     def _next_seeds(self, n: int) -> list[int]:
-        seeds = [self.config.first_env_seed + self.env_seed_counter + i for i in range(n)]
+        seeds = training_seeds(self.env_seed_key, self.env_seed_counter, n)
         self.env_seed_counter += n
         return seeds
 
@@ -437,6 +457,8 @@ class GRPOTrainer:
                                   self.expected_iterations()))
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
+            if self.env_seed_key is None:  # a checkpoint of an older version holds none either
+                self.env_seed_key = new_seed_key()
             meta = factory.describe()
             writer = tracker(c.report_to, self.out)
             with ThreadPoolExecutor(max_workers=pool_size) as executor:
@@ -554,6 +576,7 @@ class GRPOTrainer:
             "target": env_manifest.get("target"),
             "base_model": self.base_model, "config": self.config.to_dict(),
             "iterations": self.iteration,
+            "env_seeds": {"key": self.env_seed_key, "drawn": self.env_seed_counter},
             "reward_curve": [h["reward_mean"] for h in self.history],
             "history": self.history, "envforge_version": __version__,
         }

@@ -59,7 +59,7 @@ class GRPOConfig(Settings):
                                  "one seed are identical).", above=0)
     top_p: float = setting(1.0, "Nucleus sampling of rollouts.", above=0, high=1)
     dynamic_sampling: bool = setting(True, "Drop groups with constant rewards and re-collect on "
-                                     "fresh seeds (official code).")
+                                     "the next seeds drawn (official code).")
     max_resample_rounds: int = setting(3, "Re-collection rounds per iteration before training on "
                                        "the groups there are.", low=0)
     # the loss
@@ -75,9 +75,12 @@ class GRPOConfig(Settings):
     max_grad_norm: float = setting(1.0, "Gradient clipping (0: none).", low=0)
     advantage_eps: float = setting(1e-4, "Added to the group std before dividing.", above=0)
     # the run
-    seed: int = setting(0, "Seeds LoRA init and rollout sampling (env seeds come from "
-                        "first_env_seed).")
-    first_env_seed: int = setting(0, "Env seeds are first_env_seed, +1, ...", low=0)
+    seed: int = setting(0, "Seeds LoRA init and rollout sampling (env seeds: env_seed_key).")
+    env_seed_key: int | None = setting(None, "Keys the env seeds the run draws (the audit's mix of "
+                                       "small, middling and large seeds); unset: drawn from the OS "
+                                       "and kept in the checkpoint and manifest. Pass one only to "
+                                       "replay a run: an env that knows the key can tell training's "
+                                       "seeds from the audit's.", low=0)
     threads: int | None = setting(1, "torch intra-op threads (measured on a busy 2-core CPU: 2 ran "
                                   "~10x slower than 1; unset: torch's default).", low=1, high=256)
     device: str = setting("cpu", "'cpu', 'cuda', 'cuda:1', ...")

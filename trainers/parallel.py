@@ -1,7 +1,8 @@
 """Several adapters at once: ``train_many`` runs each env's GRPO training in a process of its own
 (spawned: a fresh interpreter, no state shared with this one), ``workers`` at a time. Each run is
 exactly the run ``GRPOTrainer`` makes alone (same config, seeds, checkpoints, resume), so the
-adapters equal those of one run after another; only the wall time changes. On a CPU give each
+adapters equal those of one run after another where ``env_seed_key`` is named (unset, each run
+draws its own env seeds either way); only the wall time changes. On a CPU give each
 run ``config.threads`` cores (``workers * threads`` at most the cores there are); on GPUs give
 each job its own ``config.device`` if one device cannot hold them all.
 

@@ -20,6 +20,7 @@ Stages (each timed; see docs/demo.md):
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -36,6 +37,7 @@ from envforge.progress import Progress, Step, steady
 
 #: target seeds: SFT demonstrations, identify's held-out tasks, evaluation (disjoint ranges)
 SFT_SEEDS, IDENTIFY_SEEDS, EVAL_SEEDS = 100_000, 200_000, 300_000
+EVAL_SPARE = 10  # evaluation seeds drawn beyond eval_tasks, in place of any GRPO on the target trained on
 #: the copy warm-up's inits at most, and the loss (of its worst kind) at which an init has failed
 COPY_ATTEMPTS, COPY_FAILED = 3, 1.0
 #: the copy warm-up's steps at most, in ``copy_steps``: it goes on until every kind is learnt (was
@@ -274,9 +276,17 @@ def family_of(name: str) -> str | None:
         return None
 
 
-def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None):
+def seed_key(cfg: DemoConfig, run: str) -> int:
+    """The env seeds' key of the demo's GRPO run on env ``run`` (its folder's name: an adapter's,
+    and its calibration's; the target's for GRPO on the target), from ``--seed``. Named, not drawn
+    from the OS as a user's run's are, so that a demo run can be replayed; an env that read this
+    could predict them, and the demo's envs are its own."""
+    return int(hashlib.sha256(f"envforge demo {cfg.seed} {run}".encode()).hexdigest()[:15], 16)
+
+
+def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None, key: int = 0):
     from trainers.grpo_config import GRPOConfig
-    return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr,
+    return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr, env_seed_key=key,
                       lora_rank=cfg.lora_rank, kl_coef=cfg.kl_coef,
                       lora_alpha=2 * cfg.lora_rank, max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed, threads=cfg.threads, device=cfg.device, backend=cfg.backend,
@@ -298,13 +308,14 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
     ``{name: summary}`` with ``"grpo_target"`` for the baseline."""
     from trainers.parallel import Job, RolloutBudget, run_job, run_many
     iterations = 4 * cfg.iterations * max(1, len(envs))  # the baseline's backstop: its budget ends it
-    jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name), grpo_config(cfg, cfg.iterations),
-                base_model=str(model_dir)) for cap, env in envs.items()]
+    jobs = [Job(cap, str(model_dir), str(env), str(adapters / env.name),
+                grpo_config(cfg, cfg.iterations, key=seed_key(cfg, env.name)), base_model=str(model_dir))
+            for cap, env in envs.items()]
     budget = RolloutBudget(baseline_out / "budget.json")
     if jobs:
         budget.set(0)
     baseline = Job(BASELINE, str(model_dir), str(target), str(baseline_out),
-                   grpo_config(cfg, iterations, None if jobs else cfg.iterations * 16),
+                   grpo_config(cfg, iterations, None if jobs else cfg.iterations * 16, seed_key(cfg, target.name)),
                    base_model=str(model_dir), budget=str(budget.path) if jobs else None)
     n = len(jobs) + 1
     if cfg.device == "cpu" and cfg.threads == 1:  # one process more than the cores
@@ -379,6 +390,18 @@ def train(cfg: DemoConfig, model_dir: Path, target: Path, envs: dict[str, Path],
 
 #: the baseline's job name
 BASELINE = "GRPO on the target"
+
+
+def held_out(seeds: list[int], trained: set[int], n: int) -> tuple[list[int], list[int]]:
+    """The first ``n`` of ``seeds`` not in ``trained``, and those of the first ``n`` skipped."""
+    return [s for s in seeds if s not in trained][:n], [s for s in seeds[:n] if s in trained]
+
+
+def trained_seeds(adapter: Path) -> set[int]:
+    """The env seeds a GRPO run drew (its manifest's key and count: ``contract.training_seeds``)."""
+    from envforge.contract import training_seeds
+    drawn = json.loads((adapter / "manifest.json").read_text())["env_seeds"]
+    return set(training_seeds(drawn["key"], 0, drawn["drawn"]))
 
 
 def _trained(r: dict) -> dict:
@@ -518,8 +541,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
         # 3. identify
         with timed("identify"):
             report = run_identify(cfg, out, base, factory, tfolder)
-        seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks)]
-        kinds = task_kinds(factory, seeds)  # the evaluation's tasks: what each needs
+        # the evaluation's tasks (a few spare: one GRPO on the target trained on is skipped) and
+        # what each needs
+        seeds = [EVAL_SEEDS + cfg.seed * 10_000 + i for i in range(cfg.eval_tasks + EVAL_SPARE)]
+        kinds = task_kinds(factory, seeds)
     retained = [c for c in report["capabilities"] if c["retained"]]
     results["identified"] = [c["name"] for c in retained]
     results["identify"] = {"trajectories": report["trajectories"], "capabilities": [
@@ -539,8 +564,9 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
                              "error": r.error} for r in synth]
     with timed("calibrate"):
         results["calibration"] = {}
-        for cap, env in envs.items():
+        for cap, env in envs.items():  # on the first seeds its training draws
             rep = calibrate(base, env, CalibrationConfig(groups=cfg.calibration_groups, group_size=16,
+                                                        env_seed_key=seed_key(cfg, env.name),
                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                                                         temperature=cfg.temperature, top_p=cfg.top_p,
                                                         pool_size=cfg.pool_size, backend=cfg.backend))
@@ -556,6 +582,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     with timed("train"):
         results["training"] = train(cfg, model_dir, target, envs, adapters, out / "grpo_target", progress)
     rollouts_adapters = sum(v["rollouts"] for k, v in results["training"].items() if k != "grpo_target")
+    # GRPO on the target draws its env seeds from the same range as the evaluation's: a task it
+    # trained on is not one it is evaluated on
+    seeds, skipped = held_out(seeds, trained_seeds(out / "grpo_target"), cfg.eval_tasks)
+    results["evaluation_seeds"] = {"seeds": seeds, "skipped": skipped}
 
     # 6. evaluate: every method on the held-out target tasks, as many at once as there are cores
     from trainers.parallel import run_many

@@ -11,7 +11,8 @@ from envforge.settings import Settings, setting
 class GateSettings(Settings):
     """Thresholds and budgets of the dynamic checks. Defaults follow ENV_CONTRACT.md and the
     issue's budget (at least 50 seeds per property, a full gate in seconds)."""
-    seeds: int = setting(50, "Seeds per dynamic property (probes, diversity).", low=2, high=10_000)
+    seeds: int = setting(50, "Seeds per dynamic property (probes, diversity); at most 512: half are "
+                         "small ones, of the 256 training draws from.", low=2, high=512)
     robustness_examples: int = setting(50, "Hypothesis state-machine runs.", low=1)
     replay_random: int = setting(10, "Random episodes replayed for determinism.", low=0)
     solvable_min: float = setting(0.95, "Share of seeds solve() must score 1.0 on.", above=0, high=1)

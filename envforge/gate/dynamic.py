@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Finding, assistant,
-                               canonical_json, message_problem, tool_call)
+                               canonical_json, message_problem, mix_seed, tool_call)
 from envforge.errors import EnvCallError, SandboxError, SandboxTimeout
 from envforge.gate import probes
 from envforge.gate.config import GateSettings
@@ -49,7 +49,6 @@ _WORDS = ("hello help order refund cancel please thanks account update confirm y
           "transfer agent ok sure great the a to for your my is it this that").split()
 
 
-TRAINING_SEEDS = 256  # half the audit's seeds are drawn below this (more seeds: below their number)
 #: stock replies an agent can say without looking at anything (a refusal, an acknowledgement, a
 #: hand-off, a sign-off), composed of parts so that a reward keyed to a pattern, not a literal,
 #: meets one: "I'm sorry, I can't help with that." paying on every seed is free reward
@@ -87,15 +86,6 @@ def stock_replies(rng: random.Random, n: int) -> list[tuple[str, bool]]:
     return out
 
 
-def draw_seed(rng: random.Random, quarter: int, small: int = TRAINING_SEEDS) -> int:
-    """A seed of the audit's mix, from its ``quarter`` (0 to 3): 0 and 2 in [0, small), where
-    training runs first; 1 in [10^6, 2^31); 3 log-uniform in [small, 10^6), as many in [256,
-    1000) as in [1000, 4000), which a long run reaches."""
-    if quarter == 3:
-        return min(10**6 - 1, max(small, int(math.exp(rng.uniform(math.log(small), math.log(10**6))))))
-    return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, small)
-
-
 class Draws:
     """Everything the probes draw, from one probe seed: so that env code cannot recognise a probe
     (fixed seeds, fixed texts, fixed hash seeds) and an audit can still be replayed exactly."""
@@ -104,13 +94,14 @@ class Draws:
         self.probe_seed = probe_seed
         rng = random.Random(probe_seed)
         n = settings.seeds
-        # half where training runs (its env seeds count up from 0: a flaw kept to them is what
-        # it learns; a ninth red team's env forgot its check on seeds 0-199 only, where one seed
-        # in forty was drawn), a quarter middling, a quarter large; every other seed a small one,
-        # so that the probes that look at the first few seeds of a kind look there too
+        # the mix training draws its env seeds from (``contract.training_seeds``, keyed per run),
+        # so a flaw kept to some seeds meets as large a share of both: half small (a ninth red
+        # team's env forgot its check on seeds 0-199, where training's seeds once counted up from
+        # 0), a quarter middling, a quarter large; every other seed a small one, so that the
+        # probes that look at the first few seeds of a kind look there too
         seeds: list[int] = []
         while len(seeds) < n:
-            x = draw_seed(rng, len(seeds) % 4, max(TRAINING_SEEDS, n))
+            x = mix_seed(rng, len(seeds) % 4)
             if x not in seeds:
                 seeds.append(x)
         self.seeds = seeds
@@ -765,8 +756,8 @@ def _stock_replies(host: Host, by_name: dict, solved: list[ProbeEpisode], seeds:
 
 def _band_pays(eps: list[ProbeEpisode], full: list[int]) -> bool:
     """Whether the full score is paid on a fifth or more (two at least) of the seeds below 1000:
-    training's seeds count up from 0, so free reward kept to small seeds is diluted by the
-    large ones in a count over all of them."""
+    half of training's seeds are below 256 (``contract.training_seeds``), so free reward kept to
+    small seeds is diluted by the large ones in a count over all of them."""
     small = [e.seed for e in eps if e.ok and e.seed < 1000]
     paid = [s for s in full if s < 1000]
     return len(paid) >= 2 and len(paid) * 5 >= len(small)
@@ -796,7 +787,7 @@ def _many_resets(host: Host, draws: Draws, settings: GateSettings, findings: Fin
     cycle = draws.seeds[:20]
     # a count drawn per audit (up to five times the setting; resets_s bounds the time), every
     # other reset a fresh seed (a cache keyed by seed grows only on new seeds, as in training,
-    # which never repeats one)
+    # which seldom repeats one of its middling or large seeds)
     count = draws.rng.randrange(settings.resets, 5 * settings.resets + 1)
     seeds = [cycle[(i // 2) % len(cycle)] if i % 2 == 0 else draws.rng.randrange(2**31) for i in range(count)]
     try:
@@ -1108,9 +1099,9 @@ _SKIP = object()
 
 
 def _drawn_solved(host: Host, rng: random.Random) -> ProbeEpisode | None:
-    """The reference played on a seed drawn from ``rng`` (the audit's mix: ``draw_seed``), when
+    """The reference played on a seed drawn from ``rng`` (the audit's mix: ``contract.mix_seed``), when
     it earns the full score."""
-    seed = draw_seed(rng, rng.randrange(4))
+    seed = mix_seed(rng, rng.randrange(4))
     plan = host.op(f"solve(seed={seed})", "solve", "a", seed)
     if not (isinstance(plan, list) and plan and all(isinstance(a, dict) for a in plan)):
         return None
