@@ -678,7 +678,8 @@ def train(envs, model, out_dir, no_resume, jobs, **kwargs):
             except ClusterError as e:  # the head died: say so, and how to go on from the checkpoint
                 raise ClusterError(f"{e}\n{_interrupted(out / CHECKPOINT)}") from None
             curve = result.manifest["reward_curve"]
-            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+            click.echo(f"  saved {out} (reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png; "
+                       f"env seeds keyed {result.manifest['env_seeds']['key']})")
     finally:
         executor.close()
 
@@ -701,7 +702,9 @@ def _train_jobs(envs, slugs, model, out_dir, no_resume, config, workers) -> None
     for job, r in zip(jobs, results):
         curve = r["reward_curve"]
         resumed = f"resumed at iteration {r['resumed_at']}; " if r["resumed_at"] is not None else ""
-        click.echo(f"  saved {job.out} ({resumed}reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png)")
+        key = json.loads((Path(job.out) / "manifest.json").read_text())["env_seeds"]["key"]
+        click.echo(f"  saved {job.out} ({resumed}reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png; "
+                   f"env seeds keyed {key})")
 
 
 def _interrupted(checkpoint: Path) -> str:

@@ -62,6 +62,8 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     out = tmp_path / "adapters" / GOOD_DIR.name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["capability"] == "precondition verification" and manifest["iterations"] == 2
+    # its env seeds' key, drawn for this run, is said (to replay it) and kept
+    assert f"env seeds keyed {manifest['env_seeds']['key']})" in r.stdout
     [info] = find_adapters(tmp_path / "adapters")  # the router shows the examples beside the capability
     assert manifest["examples"] == info.examples == tasks
     assert f"   example: {tasks[0]}" in routing_messages("x", [info])[0]["content"]
@@ -69,6 +71,7 @@ def test_train_calibrate_route_eval_end_to_end(hermes_dir, tmp_path):
     r = run(main, ["train", str(env), "--out", str(tmp_path / "adapters"), "--iterations", "2",
                    "--groups", "1", "--group-size", "2", "--rank", "4"] + args)
     assert r.exit_code == 0 and "[2/2] resumed at iteration 2" in r.stderr, r.output
+    assert f"env seeds keyed {manifest['env_seeds']['key']})" in r.stdout  # the checkpoint's
 
     r = run(main, ["calibrate", str(GOOD_DIR), "--groups", "1", "--group-size", "2", "--json"] + args)
     assert r.exit_code == 1, r.output  # a random model scores 0: not calibrated, and says so

@@ -156,15 +156,19 @@ def test_train_jobs_on_the_command_line_and_ctrl_c(hermes_dir, env_dir, tmp_path
         p.kill()
     assert p.returncode == 130, err
     assert "Traceback" not in err
-    done = {}
+    done, keys = {}, {}
     for slug in ("brevity", "brevity_two"):
         checkpoint = tmp_path / "adapters" / slug / "checkpoint"
         done[slug] = json.loads((checkpoint / "state.json").read_text())["iteration"]
+        keys[slug] = json.loads((checkpoint / "state.json").read_text())["env_seed_key"]
         assert f"{slug}: interrupted: {checkpoint} holds {done[slug]} finished iteration(s)" in err, err
     r = subprocess.run(args + ["--iterations", str(max(done.values()) + 1)], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(f"adapters/{slug} (resumed at iteration {n}; " in r.stdout for slug, n in done.items()), r.stdout
+    # each job drew its env seeds' key and went on with it
+    assert keys["brevity"] != keys["brevity_two"]
+    assert all(f"env seeds keyed {key})" in r.stdout for key in keys.values()), r.stdout
     assert all((tmp_path / "adapters" / s / "adapter_model.safetensors").is_file() for s in done)
 
 
