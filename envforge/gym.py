@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
@@ -54,7 +55,7 @@ from typing import Any, NoReturn, Sequence
 import gymnasium
 
 from envforge.contract import (DEFAULT_MAX_TURNS, MAX_TURNS_LIMIT, Limits, assistant,
-                               message_problem, tool_call)
+                               message_problem, mix_seed, tool_call)
 from envforge.errors import (ActionError, EnvCallError, EnvforgeError, InputError, SandboxCrashed,
                              SandboxError, SandboxProtocolError, UsageError)
 from envforge.gate import resolve_env
@@ -187,7 +188,9 @@ class SandboxEnv(gymnasium.Env):
 
     ``reset(seed=None, options=None) -> (observation, info)``: a new episode. With ``seed=None``
     the env's seed is drawn from ``self.np_random`` (seeded by the last explicit seed), as
-    Gymnasium does. ``options`` is accepted and unused.
+    Gymnasium does, from the mix the gate audits and envforge's training draws from
+    (``contract.mix_seed``): an env cannot tell such a seed from the audit's. ``options`` is
+    accepted and unused.
 
     ``step(action) -> (observation, reward, terminated, truncated, info)``: ``action`` is one
     assistant message; ``observation`` holds only the new messages (tool results, the user's
@@ -258,7 +261,7 @@ class SandboxEnv(gymnasium.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
-        env_seed = seed if seed is not None else int(self.np_random.integers(2**31))
+        env_seed = seed if seed is not None else self._drawn_seed()
         self._live = False
         result = self._call("reset", env_seed)
         if not isinstance(result, list) or len(result) != 2:  # the runner checks; a forged reply
@@ -266,6 +269,11 @@ class SandboxEnv(gymnasium.Env):
         self._check_reply("reset", *result)
         self._turns, self._live = 0, True
         return result[0], result[1]
+
+    def _drawn_seed(self) -> int:
+        """An env seed of the audit's mix, from ``np_random``."""
+        quarter, key = (int(self.np_random.integers(n)) for n in (4, 2**63))
+        return mix_seed(random.Random(key), quarter)
 
     def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
         self._check_step(action)

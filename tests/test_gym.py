@@ -102,6 +102,23 @@ def test_seed_none_continues_the_seeded_generator(no_leak):
         env.close()
 
 
+def test_seed_none_draws_from_the_audits_mix(no_leak):
+    """An unseeded reset's env seed is of the mix the gate audits (half small, a quarter
+    middling, a quarter large), as envforge's own training draws: uniform in [0, 2^31) it was
+    nearly always large, so a flaw kept to large seeds met every episode and a quarter of the
+    audit's seeds."""
+    from envforge.contract import SMALL_SEEDS
+    env = envforge.make(SLUG, backend="process", hash_seed=MARK, **FAST)
+    try:
+        env.reset(seed=3)
+        seeds = [env._drawn_seed() for _ in range(2000)]
+    finally:
+        env.close()
+    small = sum(s < SMALL_SEEDS for s in seeds) / len(seeds)
+    large = sum(s >= 10**6 for s in seeds) / len(seeds)
+    assert 0.45 < small < 0.55 and 0.2 < large < 0.3 and all(0 <= s < 2**31 for s in seeds)
+
+
 def test_make_refuses_what_the_gate_rejects(tmp_path):
     rejected = write_env(tmp_path / "rejected", good_source())
     (rejected / "report.json").write_text(json.dumps({"verdict": "reject", "findings": [
