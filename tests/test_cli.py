@@ -93,7 +93,7 @@ def test_usage_errors_exit_2(tmp_path):
     p = run("audit")
     assert p.returncode == 2
     p = run("audit", str(GOOD_DIR), "--seeds", "1")
-    assert p.returncode == 2 and p.stderr == "error: --seeds must be from 2 to 10000, got 1\n"
+    assert p.returncode == 2 and p.stderr == "error: --seeds must be from 2 to 512, got 1\n"
 
 
 def test_audit_of_a_file_that_is_not_python_says_so(tmp_path):

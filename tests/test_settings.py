@@ -59,7 +59,7 @@ def test_a_setting_declares_its_flag_where_the_flag_is_not_its_name():
 
 
 def test_stage_configs_check_their_bounds():
-    with pytest.raises(ConfigError, match=r"^GateSettings.seeds must be from 2 to 10000, got 1$"):
+    with pytest.raises(ConfigError, match=r"^GateSettings.seeds must be from 2 to 512, got 1$"):
         GateSettings(seeds=1)
     with pytest.raises(ConfigError, match=r"^Limits.memory_mb must be at least 64, got 10$"):
         Limits(memory_mb=10)
