@@ -178,7 +178,7 @@ def test_rollouts_on_ray_actors_equal_local_ones(cluster, tiny):
     tasks = [{"env": str(env), "seed": s} for s in range(6)]
     eval_config = EvalConfig(max_new_tokens=6, temperature=1.0, pool_size=4, backend="process")
     cal_config = CalibrationConfig(groups=2, group_size=3, max_new_tokens=6, pool_size=4,
-                                   backend="process")
+                                   backend="process", env_seed_key=7)  # the same env seeds on both
     executor = ray_executor()
     pools = executor.pools
     here = evaluate(policy, tasks, eval_config).to_dict()
