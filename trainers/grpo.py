@@ -457,7 +457,7 @@ class GRPOTrainer:
                                   self.expected_iterations()))
             elif (self.out / CHECKPOINT).exists():
                 shutil.rmtree(self.out / CHECKPOINT)
-            if self.env_seed_key is None:  # a checkpoint of an older version holds none either
+            if self.env_seed_key is None:  # none named and none resumed: this run draws its own
                 self.env_seed_key = new_seed_key()
             meta = factory.describe()
             writer = tracker(c.report_to, self.out)
