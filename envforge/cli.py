@@ -702,9 +702,8 @@ def _train_jobs(envs, slugs, model, out_dir, no_resume, config, workers) -> None
     for job, r in zip(jobs, results):
         curve = r["reward_curve"]
         resumed = f"resumed at iteration {r['resumed_at']}; " if r["resumed_at"] is not None else ""
-        key = json.loads((Path(job.out) / "manifest.json").read_text())["env_seeds"]["key"]
         click.echo(f"  saved {job.out} ({resumed}reward {curve[0]:.3f} -> {curve[-1]:.3f}; reward_curve.png; "
-                   f"env seeds keyed {key})")
+                   f"env seeds keyed {r['env_seeds']['key']})")
 
 
 def _interrupted(checkpoint: Path) -> str:

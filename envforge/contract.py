@@ -23,15 +23,15 @@ CONTRACT_VERSION = 1
 
 # --------------------------------------------------------------------------- env seeds
 
-#: half the seeds of an audit and of a training run are drawn below this (an audit of more seeds:
-#: below their number)
+#: half the seeds of an audit and of a training run are drawn below this
 SMALL_SEEDS = 256
 
 
-def mix_seed(rng: random.Random, quarter: int, small: int = SMALL_SEEDS) -> int:
+def mix_seed(rng: random.Random, quarter: int) -> int:
     """A seed of the mix the gate audits and training plays, from its ``quarter`` (0 to 3): 0
-    and 2 in [0, ``small``); 1 in [10^6, 2^31); 3 log-uniform in [``small``, 10^6), as many in
-    [256, 1000) as in [1000, 4000)."""
+    and 2 in [0, ``SMALL_SEEDS``); 1 in [10^6, 2^31); 3 log-uniform in [``SMALL_SEEDS``, 10^6),
+    as many in [256, 1000) as in [1000, 4000)."""
+    small = SMALL_SEEDS
     if quarter == 3:
         return min(10**6 - 1, max(small, int(math.exp(rng.uniform(math.log(small), math.log(10**6))))))
     return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, small)

@@ -90,7 +90,7 @@ class Interrupted(KeyboardInterrupt):
 
 def run_job(job: Job, progress: Progress | None = None) -> dict:
     """Train one job here, in this process: the adapter's summary (``out``, ``rollouts``,
-    ``resumed_at``: the checkpoint's iteration or None, ``reward_curve``, ``seconds_per_iteration``)."""
+    ``resumed_at``: the checkpoint's iteration or None, ``reward_curve``, ``env_seeds``: the manifest's key and count, ``seconds_per_iteration``)."""
     from trainers.grpo import GRPOTrainer
     from trainers.policy import load_policy
     policy = load_policy(job.model, device=job.config.device)
@@ -99,7 +99,7 @@ def run_job(job: Job, progress: Progress | None = None) -> dict:
                           budget=RolloutBudget(job.budget) if job.budget else None)
     result = trainer.train()
     return {"out": str(job.out), "rollouts": trainer.rollouts_spent(), "resumed_at": trainer.resumed_at,
-            "reward_curve": result.manifest["reward_curve"],
+            "reward_curve": result.manifest["reward_curve"], "env_seeds": result.manifest["env_seeds"],
             "seconds_per_iteration": [h["seconds"] for h in result.history]}
 
 

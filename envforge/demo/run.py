@@ -284,7 +284,7 @@ def seed_key(cfg: DemoConfig, run: str) -> int:
     return int(hashlib.sha256(f"envforge demo {cfg.seed} {run}".encode()).hexdigest()[:15], 16)
 
 
-def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None, key: int = 0):
+def grpo_config(cfg: DemoConfig, iterations: int, max_rollouts: int | None = None, key: int | None = None):
     from trainers.grpo_config import GRPOConfig
     return GRPOConfig(iterations=iterations, max_rollouts=max_rollouts, learning_rate=cfg.grpo_lr, env_seed_key=key,
                       lora_rank=cfg.lora_rank, kl_coef=cfg.kl_coef,
