@@ -5,9 +5,10 @@ same seeds, and whether the two sampled the same tokens.
     .venv/bin/python benchmarks/bench_decode.py [--model DIR] [--lora] [--rounds 5] [--batch 8]
                                                 [--out benchmarks/results/decode.json]
 
-Without ``--model``: a model of the demo's small shape (Llama, 128 wide, 3 layers, a 1,435-token
-vocabulary) with random weights, its output head scaled so that its distributions are as peaked
-as a trained model's (a random model's are flat, and its nucleus would be most of the
+Without ``--model``: a model of the demo's small shape (Llama, ``DemoConfig``'s width and layers,
+a 1,435-token vocabulary; 128 wide and 3 layers when benchmarks.md's table was measured) with
+random weights, its output head scaled so that its distributions are as peaked as a trained
+model's (a random model's are flat, and its nucleus would be most of the
 vocabulary). ``--model``: a local model folder (a demo run's ``base_model``, say). ``--lora``: a
 random LoRA adapter on it (rank 8 on every linear layer, as the demo's adapters). 64 contexts of
 120-200 tokens, batches of ``--batch``, 64 new tokens at most, temperature 1, top-p 0.9, one
@@ -42,13 +43,15 @@ def demo_shaped(folder: Path) -> Path:
     """A random model of the demo's small shape, saved (with a tiny tokenizer) in ``folder``."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from envforge.demo.config import DemoConfig
     from trainers.tiny import make_tokenizer
     tok = make_tokenizer("llama3")
     torch.manual_seed(0)
+    c = DemoConfig()
     model = AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=1435, hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=341, tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id))
+        vocab_size=1435, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
+        num_key_value_heads=c.heads, intermediate_size=c.hidden * 8 // 3, tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)
     model.save_pretrained(folder)

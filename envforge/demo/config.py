@@ -29,15 +29,15 @@ class DemoConfig(Settings):
     threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
     device: str = setting("cpu", "Where the model learns and plays: 'cpu', 'cuda', 'cuda:1', ... (on a GPU, "
                           "16 episodes at a time, 8 on a CPU).")
-    size: str = setting("small", "The base model: small (0.8M parameters, minutes on a CPU) or large "
+    size: str = setting("small", "The base model: small (0.36M parameters, minutes on a CPU) or large "
                         "(11M, for a GPU).", choices=tuple(SIZES))
     # the base agent
     demonstrations: int = setting(800, "Expert demonstrations the base agent is taught on.", low=1)
     sft_epochs: int = setting(6, "SFT epochs over the demonstrations.", low=1)
     sft_lr: float = setting(3e-3, "SFT learning rate.", above=0)
     sft_batch: int = setting(8, "SFT batch size.", low=1)
-    hidden: int = setting(128, "Hidden size of the base model.", low=8)
-    layers: int = setting(3, "Layers of the base model.", low=1)
+    hidden: int = setting(96, "Hidden size of the base model.", low=8)
+    layers: int = setting(2, "Layers of the base model.", low=1)
     heads: int = setting(4, "Attention heads of the base model.", low=1)
     deficit_rate: float = setting(0.75, "Per-episode rate of each planted deficit in the demonstrations.",
                                   low=0, high=1)
