@@ -8,8 +8,8 @@ same seeds, and whether the two sampled the same tokens.
 Without ``--model``: a model of the demo's small shape (Llama, ``DemoConfig``'s width and layers,
 a 1,435-token vocabulary; 128 wide and 3 layers when benchmarks.md's table was measured) with
 random weights, its output head scaled so that its distributions are as peaked as a trained
-model's (a random model's are flat, and its nucleus would be most of the
-vocabulary). ``--model``: a local model folder (a demo run's ``base_model``, say). ``--lora``: a
+model's (a random model's are flat, and its nucleus would be most of the vocabulary).
+``--model``: a local model folder (a demo run's ``base_model``, say). ``--lora``: a
 random LoRA adapter on it (rank 8 on every linear layer, as the demo's adapters). 64 contexts of
 120-200 tokens, batches of ``--batch``, 64 new tokens at most, temperature 1, top-p 0.9, one
 torch thread. Rounds alternate the two ways, so load hits both alike; the table shows the best

@@ -31,10 +31,10 @@ def mix_seed(rng: random.Random, quarter: int) -> int:
     """A seed of the mix the gate audits and training plays, from its ``quarter`` (0 to 3): 0
     and 2 in [0, ``SMALL_SEEDS``); 1 in [10^6, 2^31); 3 log-uniform in [``SMALL_SEEDS``, 10^6),
     as many in [256, 1000) as in [1000, 4000)."""
-    small = SMALL_SEEDS
     if quarter == 3:
-        return min(10**6 - 1, max(small, int(math.exp(rng.uniform(math.log(small), math.log(10**6))))))
-    return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, small)
+        x = int(math.exp(rng.uniform(math.log(SMALL_SEEDS), math.log(10**6))))
+        return min(10**6 - 1, max(SMALL_SEEDS, x))
+    return rng.randrange(10**6, 2**31) if quarter == 1 else rng.randrange(0, SMALL_SEEDS)
 
 
 def training_seeds(key: int, start: int, n: int) -> list[int]:

@@ -1,9 +1,9 @@
 """Sampling for small Llama-family decoders on a CPU, without transformers' ``generate``.
 
 On a CPU a small model's decoding is bound by per-step overheads, not arithmetic: on the demo's
-0.8M-parameter model of 2026-11-27 (batches of 8, 120-200-token contexts, one thread), ``generate`` spent
-6.4 ms a step, much of it in its cache's concatenations, the fused attention kernel's mask
-handling and top-p's sort of the whole vocabulary; this loop 4.4 ms (benchmarks/bench_decode.py,
+0.8M-parameter model of 2026-11-27 (batches of 8, 120-200-token contexts, one thread),
+``generate`` spent 6.4 ms a step, much of it in its cache's concatenations, the fused attention
+kernel's mask handling and top-p's sort of the whole vocabulary; this loop 4.4 ms (benchmarks/bench_decode.py,
 docs/benchmarks.md). It runs the model's own modules (embeddings, norms, rotary embedding,
 activations, head) and weights: a projection, plain or with peft's LoRA adapters, is applied as
 the ``F.linear`` sums its forward makes, without its module calls (a LoRA'd policy's adapters add

@@ -90,7 +90,8 @@ class Interrupted(KeyboardInterrupt):
 
 def run_job(job: Job, progress: Progress | None = None) -> dict:
     """Train one job here, in this process: the adapter's summary (``out``, ``rollouts``,
-    ``resumed_at``: the checkpoint's iteration or None, ``reward_curve``, ``env_seeds``: the manifest's key and count, ``seconds_per_iteration``)."""
+    ``resumed_at``: the checkpoint's iteration or None, ``reward_curve``, ``env_seeds``: the
+    manifest's key and count, ``seconds_per_iteration``)."""
     from trainers.grpo import GRPOTrainer
     from trainers.policy import load_policy
     policy = load_policy(job.model, device=job.config.device)
