@@ -28,7 +28,7 @@ def plot_methods(results: dict, path: Path) -> Path:
     ax.bar([LABELS[k] for k in names], means, yerr=err, capsize=4,
            color=["#888888", "#2b7bba", "#7fb3d5", "#e59866", "#58d68d"][:len(names)])
     for i, k in enumerate(names):  # above the interval, not across its whisker
-        ax.text(i, m[k]["ci"][1] + 0.02, f"{means[i]:.2f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, m[k]["ci"][1] + 0.02, f"{means[i]:.3f}", ha="center", va="bottom", fontsize=9)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("target success rate (95% CI)")
     ax.set_title(f"envforge demo, seed {results['seed']}{' (quick)' if results['quick'] else ''}: "
