@@ -2,7 +2,7 @@
 
     python benchmarks/bench_transfer.py demo_out [demo_out_seed1 ...] [--seeds 64] [--threads 1]
 
-The target measures one side of each skill (docs/demo.md, "Not reached"); the synthesized envs
+The target measures one side of each skill (docs/demo-log.md, "Not reached"); the synthesized envs
 hold the others (a hurried close of a closable ticket, a user who declines or asks for another
 resolution). For each `envforge demo` output folder given, plays the base agent, each adapter,
 the merged adapters (with two or more) and GRPO on the target on every env the run's gate

@@ -41,7 +41,7 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is abse
 # threads that wait on each other beside other work ran ten times slower) and at a lower CPU
 # priority (nice 10: the other tests, some of them timed, keep their share); its tests run last,
 # waiting for it. The numbers are the demo's on one core, not those of a run on two (its base
-# agent, made on one thread, is another: docs/demo.md); the test asserts the issue's ordering.
+# agent, made on one thread, is another: docs/demo-log.md); the test asserts the issue's ordering.
 
 DEMO_NICE = 10
 DEMO_TIMEOUT_S = 2400

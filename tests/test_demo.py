@@ -56,7 +56,7 @@ def test_quick_demo_writes_every_result(demo_run):
 def test_quick_demo_makes_the_agent_better(demo_run):
     """The issue's CI ordering on the fixed seed and threads (deterministic on a given machine, the
     numbers themselves depend on its CPU: seed 0 gave base 0.435, routed 0.910 on one, 0.460 and
-    0.830 on another; its base agent is the full run's, docs/demo.md)."""
+    0.830 on another; its base agent is the full run's, docs/demo-log.md)."""
     out, _ = demo_run
     r = json.loads((out / "results.json").read_text())
     assert sorted(r["identified"]) == sorted(r["planted"])

@@ -46,7 +46,7 @@ class DemoConfig(Settings):
                                     "learns what follows a user's answer, not to ask more).", low=0, high=1)
     check_through: float = setting(0.0, "Share of the demonstrations that skip the read before a close in which "
                                    "the expert reads anyway, the read untrained (the base learns what follows "
-                                   "a read, not to read more; 0.5 measured in docs/demo.md, not better on "
+                                   "a read, not to read more; 0.5 measured in docs/demo-log.md, not better on "
                                    "5 seeds).", low=0, high=1)
     copy_steps: int = setting(500, "Least steps of the copy warm-up before SFT (it goes on, up to 5x, until "
                                  "every kind is learnt).", low=0)
@@ -65,7 +65,7 @@ class DemoConfig(Settings):
     grpo_lr: float = setting(2e-3, "GRPO learning rate.", above=0)
     lora_rank: int = setting(8, "LoRA rank of the adapters.", low=1)
     kl_coef: float = setting(0.0, "Weight of the KL to the base agent in every GRPO run, the adapters' "
-                             "and the baseline's (0.05 measured in docs/demo.md: no better on the mean).", low=0)
+                             "and the baseline's (0.05 measured in docs/demo-log.md: no better on the mean).", low=0)
     max_new_tokens: int = setting(64, "Most tokens per turn.", low=1)
     calibration_groups: int = setting(2, "Calibration groups per env.", low=1)
     # evaluate

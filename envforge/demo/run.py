@@ -97,7 +97,7 @@ def play_expert(factory, seeds: list[int], rates, rng: random.Random,
     (refuse a ticket it may not close, naming its status; close one it may) without learning to
     read more often. (Without it, the seed 0 base of a rounding change closed after reading a
     blocked ticket in 17 of 26 reads, and routed fell from 0.95 to 0.61; at 0.5, five seeds were
-    not better on the mean, so the demo leaves it at 0: docs/demo.md.)"""
+    not better on the mean, so the demo leaves it at 0: docs/demo-log.md.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     from envforge.demo.expert import called, draw_deficits, expert_action, is_question
@@ -455,7 +455,7 @@ def alone_threads(cfg: DemoConfig) -> int:
     """torch threads for the base agent's training, the one stage that runs alone: the cores the
     parallel stages' jobs use together (``threads`` each): 1.6x sooner on 2 threads than on 1
     here. torch does not promise the same sums on other thread counts: seed 0's base agent was
-    the same on 1 and 2 threads once here, and another on 2026-11-28 (docs/demo.md)."""
+    the same on 1 and 2 threads once here, and another on 2026-11-28 (docs/demo-log.md)."""
     return cfg.threads * workers(cfg, cores()) if cfg.device == "cpu" else cfg.threads
 
 
