@@ -4,6 +4,7 @@ only the adapter changes, the mean reward rises, a resumed run equals an uninter
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -13,7 +14,7 @@ import torch  # noqa: E402
 
 from envforge.errors import UsageError  # noqa: E402
 from trainers.grpo import (GRPOConfig, GRPOTrainer, add_adapter, batch_tensors, clipped_loss,  # noqa: E402
-                           group_advantages, is_constant, token_logprobs)
+                           group_advantages, is_constant, lr_share, token_logprobs)
 from trainers.policy import load_policy  # noqa: E402
 from trainers.rollout import Episode, EnvFactory, run_episodes  # noqa: E402
 
@@ -247,6 +248,57 @@ def test_a_checkpoint_resumes_only_under_its_own_training_settings(hermes_dir, e
         _train(hermes_dir, env_dir, tmp_path, 5)
     _, fresh = _train(hermes_dir, env_dir, tmp_path, 1, config={"lora_rank": 4}, resume=False)
     assert len(fresh.history) == 1
+
+
+def test_lr_share_on_built_examples():
+    assert [lr_share("constant", i, 4) for i in range(4)] == [1.0] * 4
+    assert [lr_share("linear", i, 4) for i in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert [lr_share("cosine", i, 4) for i in (0, 2)] == [1.0, pytest.approx(0.5)]
+    assert lr_share("cosine", 3, 4) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.75)))
+    # a warm-up rises to the full rate, then the decay runs over the iterations after it
+    assert [lr_share("linear", i, 6, warmup=2) for i in range(6)] == [
+        pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0, 0.75, 0.5, 0.25]
+    assert lr_share("constant", 0, 6, warmup=2) == pytest.approx(1 / 3)
+    # a rollout budget further along than the iterations moves the decay on; behind them, not
+    assert lr_share("linear", 1, 10, done=0.5) == 0.5 and lr_share("linear", 5, 10, done=0.1) == 0.5
+    assert lr_share("constant", 5, 10, done=0.9) == 1.0
+
+
+def test_a_decaying_learning_rate_trains_at_its_schedule_and_resumes_on_it(hermes_dir, env_dir, tmp_path):
+    """Each iteration trains at its share of the rate (in the history, and in the optimizer); a
+    run stopped and resumed trains at the same rates to the same adapter; a checkpoint made at
+    another schedule is refused; under a rollout budget the spent share moves the decay on."""
+    linear = {"lr_schedule": "linear"}
+    _, straight = _train(hermes_dir, env_dir, tmp_path / "a", 3, config=linear)
+    assert [h["lr"] for h in straight.history] == pytest.approx([2e-2, 2e-2 * 2 / 3, 2e-2 / 3])
+
+    def crash(step):
+        if step.done == 1:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _train(hermes_dir, env_dir, tmp_path / "b", 3, progress=crash, config=linear)
+    trainer, resumed = _train(hermes_dir, env_dir, tmp_path / "b", 3, config=linear)
+    assert trainer.resumed_at == 1 and [h["lr"] for h in resumed.history] == [h["lr"] for h in straight.history]
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(2e-2 / 3)
+    from safetensors.torch import load_file
+    a, b = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(UsageError, match=r"lr_schedule 'linear', now 'cosine'"):
+        _train(hermes_dir, env_dir, tmp_path / "b", 3, config={"lr_schedule": "cosine"})
+    state = tmp_path / "b" / "checkpoint" / "state.json"  # one made before the schedule was a setting
+    old = json.loads(state.read_text())
+    old["config"] = {k: v for k, v in old["config"].items() if k not in ("lr_schedule", "warmup_iterations")}
+    state.write_text(json.dumps(old))
+    with pytest.raises(UsageError, match=r"lr_schedule 'constant', now 'linear'"):
+        _train(hermes_dir, env_dir, tmp_path / "b", 3, config=linear)
+    # a constant rate stays the configured one; a budget of 20 rollouts ends the decay sooner
+    _, flat = _train(hermes_dir, env_dir, tmp_path / "c", 2)
+    assert [h["lr"] for h in flat.history] == [2e-2, 2e-2]
+    _, budget = _train(hermes_dir, env_dir, tmp_path / "d", 50, config={**linear, "max_rollouts": 20})
+    spent = [sum(h["episodes"] for h in budget.history[:i]) for i in range(len(budget.history))]
+    assert [h["lr"] for h in budget.history] == pytest.approx(
+        [2e-2 * (1 - max(i / 50, s / 20)) for i, s in enumerate(spent)])
+    assert budget.history[-1]["lr"] < 2e-2 * 0.7
 
 
 def test_a_rollout_budget_stops_the_run_at_the_iteration_that_reaches_it(hermes_dir, env_dir, tmp_path):

@@ -169,6 +169,21 @@ def update_metrics(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
     return float((clipped.float() * mask).sum()), kl
 
 
+def lr_share(schedule: str, i: int, iterations: int, warmup: int = 0, done: float | None = None) -> float:
+    """The share of the learning rate that iteration ``i`` (0 for the first) of a run of
+    ``iterations`` trains at: during ``warmup`` iterations (i + 1) / (warmup + 1), then 1
+    ("constant"), or a linear or cosine decay over the iterations after the warm-up. ``done``
+    (the share of a rollout budget spent before the iteration) moves the decay on where it is
+    further along. The decay never reaches 0 on an iteration that trains."""
+    if i < warmup:
+        return (i + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    p = (i - warmup) / max(1, iterations - warmup)
+    p = min(max(p, done or 0.0), 1.0)
+    return 1.0 - p if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * p))
+
+
 def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                  mask: torch.Tensor, epsilon_low: float, epsilon_high: float,
                  ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
@@ -204,6 +219,7 @@ class IterationStats:
     completion_length: float = 0.0   # sampled tokens per episode
     clip_ratio: float = 0.0   # of the trained tokens, the share whose ratio was clipped
     kl: float | None = None   # mean k3 KL to the base model per trained token (kl_coef > 0)
+    lr: float = 0.0           # the learning rate the iteration trained at (lr_schedule)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -313,6 +329,9 @@ class GRPOTrainer:
                              "0; envforge 2026-12-07): a resumed run would mix the two; pass "
                              "--no-resume or another --out")
         recorded = dict(state.get("config") or {})
+        if recorded:  # made before the schedule was a setting: at a constant rate
+            recorded.setdefault("lr_schedule", "constant")
+            recorded.setdefault("warmup_iterations", 0)
         now = json.loads(json.dumps(self.config.to_dict()))  # as the checkpoint holds it
         if now.get("env_seed_key") is None:  # unset: the checkpoint's key, drawn or named
             recorded.pop("env_seed_key", None)
@@ -398,7 +417,10 @@ class GRPOTrainer:
                 if e.valid and a != 0.0:
                     episodes.append(e)
                     advantages.append(a)
-        self.metrics = {"clip_ratio": 0.0, "kl": None}
+        lr = c.learning_rate * self.lr_share()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.metrics = {"clip_ratio": 0.0, "kl": None, "lr": lr}
         if not episodes:
             return 0.0
         total_tokens = float(sum(sum(e.mask[1:]) for e in episodes)) or 1.0
@@ -439,7 +461,7 @@ class GRPOTrainer:
             losses.append(running)
         self.model.eval()
         seen = total_tokens * c.updates_per_iteration
-        self.metrics = {"clip_ratio": clipped / seen, "kl": kl / seen if c.kl_coef > 0 else None}
+        self.metrics = {"clip_ratio": clipped / seen, "kl": kl / seen if c.kl_coef > 0 else None, "lr": lr}
         return statistics.fmean(losses)
 
     # ------------------------------------------------------------------ the run
@@ -498,6 +520,17 @@ class GRPOTrainer:
                                 self.iteration)
         return self._expected
 
+    def lr_share(self) -> float:
+        """``lr_share`` for the iteration about to train: under a rollout budget (a final one,
+        where it is decided while the run goes), the share of it spent before this iteration."""
+        c, done = self.config, None
+        if self.budget is not None:
+            known, final = self.budget()
+            done = self.rollouts_spent() / known if final and known else None
+        elif c.max_rollouts:
+            done = self.rollouts_spent() / c.max_rollouts
+        return lr_share(c.lr_schedule, self.iteration, c.iterations, c.warmup_iterations, done)
+
     def rollouts_spent(self) -> int:
         return sum(h["episodes"] for h in self.history)
 
@@ -555,7 +588,7 @@ class GRPOTrainer:
             loss=loss, seconds=time.perf_counter() - t0, errors=stats.get("errors", 0),
             generate_s=gen_s, env_wait_s=stats.get("env_wait_s", 0.0), loss_s=loss_s,
             completion_length=stats.get("generated_tokens", 0) / len(scores) if scores else 0.0,
-            clip_ratio=self.metrics["clip_ratio"], kl=self.metrics["kl"])
+            clip_ratio=self.metrics["clip_ratio"], kl=self.metrics["kl"], lr=self.metrics["lr"])
 
     def save_adapter(self, factory: EnvFactory, meta: dict) -> dict:
         """The adapter (peft safetensors), manifest.json and reward_curve.png in ``out``."""
@@ -589,7 +622,8 @@ class GRPOTrainer:
 TRACKED = {"train/reward": "reward_mean", "train/reward_std": "reward_std",
            "train/frac_reward_zero_std": "constant_fraction", "train/kl": "kl",
            "train/clip_ratio": "clip_ratio", "train/completion_length": "completion_length",
-           "train/tokens_per_second": "tokens_per_s", "train/loss": "loss"}
+           "train/tokens_per_second": "tokens_per_s", "train/loss": "loss",
+           "train/learning_rate": "lr"}
 RUNS = "runs"  # OUT/<slug>/runs: the TensorBoard event files
 
 

@@ -11,6 +11,7 @@ from sandbox.base import BACKENDS
 
 
 REPORT_TO = ("none", "tensorboard")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def device_problem(device: str) -> str | None:
@@ -64,6 +65,11 @@ class GRPOConfig(Settings):
                                        "the groups there are.", low=0)
     # the loss
     learning_rate: float = setting(1e-5, "AdamW learning rate (paper: 1e-5).", above=0, flag="--lr")
+    lr_schedule: str = setting("constant", "The learning rate over the run: constant (paper), or a linear "
+                               "or cosine decay toward 0 by the run's end (its iterations, or its "
+                               "rollout budget where that is further along).", choices=LR_SCHEDULES)
+    warmup_iterations: int = setting(0, "First iterations at a rising share of the learning rate "
+                                     "(1/(n+1), 2/(n+1), ...), before the schedule.", low=0)
     weight_decay: float = setting(0.0, "AdamW weight decay.", low=0)
     epsilon_low: float = setting(0.2, "Clip the ratio below at 1 - epsilon_low.", low=0, high=0.999)
     epsilon_high: float = setting(0.28, "Clip the ratio above at 1 + epsilon_high (official code: "
@@ -95,7 +101,8 @@ class GRPOConfig(Settings):
 
     def check(self) -> None:
         for name in ("lora_rank", "num_groups", "group_size", "iterations", "max_new_tokens",
-                     "max_context_tokens", "updates_per_iteration", "micro_batch_size", "save_every"):
+                     "max_context_tokens", "updates_per_iteration", "micro_batch_size", "save_every",
+                     "warmup_iterations"):
             if not isinstance(getattr(self, name), int):
                 self.fail(name, f"must be an integer, got {getattr(self, name)!r}")
         if self.lora_alpha is None:
