@@ -641,7 +641,8 @@ threads_option = option(GRPOConfig, "threads")
 def train(envs, model, out_dir, no_resume, jobs, **kwargs):
     """GRPO: one LoRA adapter per ENV (a slug of generated_envs/ or an env folder). Resumes from
     OUT/<slug>/checkpoint after a crash or Ctrl-C unless --no-resume (under the checkpoint's own
-    training settings: more --iterations or another --device resume, another --lr is refused)."""
+    training settings: more --iterations (at a constant --lr-schedule) or another --device
+    resume, another --lr is refused)."""
     config = settings(GRPOConfig, kwargs)
     _need_train_extra()
     from envforge.gym import resolve

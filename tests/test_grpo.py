@@ -285,20 +285,31 @@ def test_a_decaying_learning_rate_trains_at_its_schedule_and_resumes_on_it(herme
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(UsageError, match=r"lr_schedule 'linear', now 'cosine'"):
         _train(hermes_dir, env_dir, tmp_path / "b", 3, config={"lr_schedule": "cosine"})
+    with pytest.raises(UsageError, match=r"iterations 3, now 4"):  # a decay is over the run's length
+        _train(hermes_dir, env_dir, tmp_path / "b", 4, config=linear)
     state = tmp_path / "b" / "checkpoint" / "state.json"  # one made before the schedule was a setting
     old = json.loads(state.read_text())
     old["config"] = {k: v for k, v in old["config"].items() if k not in ("lr_schedule", "warmup_iterations")}
     state.write_text(json.dumps(old))
     with pytest.raises(UsageError, match=r"lr_schedule 'constant', now 'linear'"):
         _train(hermes_dir, env_dir, tmp_path / "b", 3, config=linear)
-    # a constant rate stays the configured one; a budget of 20 rollouts ends the decay sooner
-    _, flat = _train(hermes_dir, env_dir, tmp_path / "c", 2)
-    assert [h["lr"] for h in flat.history] == [2e-2, 2e-2]
-    _, budget = _train(hermes_dir, env_dir, tmp_path / "d", 50, config={**linear, "max_rollouts": 20})
+    # a constant rate stays the configured one, in the optimizer too
+    trainer, flat = _train(hermes_dir, env_dir, tmp_path / "c", 2)
+    assert [h["lr"] for h in flat.history] == [2e-2, 2e-2] and trainer.optimizer.param_groups[0]["lr"] == 2e-2
+    # a budget of 40 rollouts ends the decay sooner than 50 iterations would; a warm-up of 2
+    # rises to the full rate, and the decay spans what is left of the budget after it
+    _, budget = _train(hermes_dir, env_dir, tmp_path / "d", 50,
+                       config={**linear, "max_rollouts": 40, "warmup_iterations": 2})
     spent = [sum(h["episodes"] for h in budget.history[:i]) for i in range(len(budget.history))]
+    warm = spent[2]
     assert [h["lr"] for h in budget.history] == pytest.approx(
-        [2e-2 * (1 - max(i / 50, s / 20)) for i, s in enumerate(spent)])
-    assert budget.history[-1]["lr"] < 2e-2 * 0.7
+        [2e-2 / 3, 2e-2 * 2 / 3] + [2e-2 * (1 - max((i - 2) / 48, (s - warm) / (40 - warm)))
+                                    for i, s in enumerate(spent) if i >= 2])
+    assert budget.history[2]["lr"] == 2e-2 and 0 < budget.history[-1]["lr"] < 2e-2 * 0.7
+    # a budget decided while the run goes leaves its length unknown: a decay is refused there
+    with pytest.raises(UsageError, match=r"budget decided while the run goes.*max_rollouts"):
+        GRPOTrainer(load_policy(hermes_dir), env_dir, GRPOConfig(**{**TEST_CONFIG, **linear}),
+                    out=tmp_path / "e", budget=lambda: (20, True))
 
 
 def test_a_rollout_budget_stops_the_run_at_the_iteration_that_reaches_it(hermes_dir, env_dir, tmp_path):

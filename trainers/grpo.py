@@ -173,8 +173,8 @@ def lr_share(schedule: str, i: int, iterations: int, warmup: int = 0, done: floa
     """The share of the learning rate that iteration ``i`` (0 for the first) of a run of
     ``iterations`` trains at: during ``warmup`` iterations (i + 1) / (warmup + 1), then 1
     ("constant"), or a linear or cosine decay over the iterations after the warm-up. ``done``
-    (the share of a rollout budget spent before the iteration) moves the decay on where it is
-    further along. The decay never reaches 0 on an iteration that trains."""
+    (the share of a rollout budget spent after the warm-up, before the iteration) moves the decay
+    on where it is further along. The decay never reaches 0 on an iteration that trains."""
     if i < warmup:
         return (i + 1) / (warmup + 1)
     if schedule == "constant":
@@ -280,6 +280,10 @@ class GRPOTrainer:
             policy.model = add_adapter(policy.model, self.config)
         self.policy = policy
         self.model = policy.model
+        if budget is not None and self.config.lr_schedule != "constant":
+            raise UsageError(f"lr_schedule {self.config.lr_schedule!r} decays over the run's length, and a "
+                             "rollout budget decided while the run goes (budget=...) leaves that length "
+                             "unknown until its end: pass max_rollouts, or lr_schedule 'constant'")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise UsageError("the policy's model has no trainable parameters (an adapter loaded with "
@@ -337,7 +341,10 @@ class GRPOTrainer:
             recorded.pop("env_seed_key", None)
         elif state.get("env_seed_key") is not None:  # the key it drew is the one to name
             recorded["env_seed_key"] = state["env_seed_key"]
-        changed = [k for k in now if k in recorded and k not in RESUMABLE and recorded[k] != now[k]]
+        # a decaying rate is a function of the run's length: another length would splice two schedules
+        resumable = RESUMABLE if now.get("lr_schedule") == "constant" else \
+            tuple(k for k in RESUMABLE if k not in ("iterations", "max_rollouts"))
+        changed = [k for k in now if k in recorded and k not in resumable and recorded[k] != now[k]]
         if changed:
             raise UsageError(f"{ck} was trained with other settings ("
                              + ", ".join(f"{named(GRPOConfig, k)} {recorded[k]!r}, now {now[k]!r}"
@@ -521,14 +528,14 @@ class GRPOTrainer:
         return self._expected
 
     def lr_share(self) -> float:
-        """``lr_share`` for the iteration about to train: under a rollout budget (a final one,
-        where it is decided while the run goes), the share of it spent before this iteration."""
+        """``lr_share`` for the iteration about to train: under ``max_rollouts``, the share of
+        the budget left after the warm-up that was spent before this iteration. (A decaying
+        schedule with a budget decided while the run goes is refused in ``__init__``.)"""
         c, done = self.config, None
-        if self.budget is not None:
-            known, final = self.budget()
-            done = self.rollouts_spent() / known if final and known else None
-        elif c.max_rollouts:
-            done = self.rollouts_spent() / c.max_rollouts
+        if c.max_rollouts and self.iteration >= c.warmup_iterations:
+            warm = sum(h["episodes"] for h in self.history[:c.warmup_iterations])
+            if c.max_rollouts > warm:
+                done = (self.rollouts_spent() - warm) / (c.max_rollouts - warm)
         return lr_share(c.lr_schedule, self.iteration, c.iterations, c.warmup_iterations, done)
 
     def rollouts_spent(self) -> int:
