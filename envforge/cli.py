@@ -165,6 +165,19 @@ def out_folder(path: str | Path, flag: str) -> Path:
     return p
 
 
+def out_file(path: str | Path, flag: str) -> Path:
+    """The output file PATH, its folder made now, so that a folder in its place or a folder that
+    cannot be made is a usage error before any work rather than a traceback after it."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file path (its folder is made when missing)")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot make its folder {p.parent} ({e.strerror})") from None
+    return p
+
+
 def _target(spec: str):
     """The target a --target names (exit 2 when it is missing or malformed)."""
     if spec != "example" and not Path(spec).exists():
@@ -437,6 +450,11 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
     if config.labeller != "structural" and not config.model:
         raise UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
                                "serves)")
+    out_file(out, "--out")  # every output checked before the labelling (an LLM's can take long)
+    if labels_out:
+        out_file(labels_out, "--labels-out")
+    if plot_path and not no_plot:
+        out_file(plot_path, "--plot")
     tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
     with Display("identifying", quiet=as_json) as display:
@@ -855,10 +873,8 @@ def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
     _need_train_extra()
     from envforge.demo.report import print_table
     from envforge.demo.run import clean, run_demo
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder")
     cfg = DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
+    out = out_folder(out_dir, "--out")
     if fresh:  # only once the settings are known to be good: a refused run removes nothing
         clean(out)
     results = run_demo(cfg, out, progress=lambda step: click.echo(step.text, err=True))

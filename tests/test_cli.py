@@ -151,6 +151,34 @@ def test_a_missing_input_path_exits_2_in_every_command(tmp_path):
         assert _clean(r), (args, r.output)
 
 
+def test_identify_checks_its_outputs_before_any_work(tmp_path, monkeypatch):
+    """A folder where a file goes, or a file where a folder must be made: exit 2 with the flag
+    named, before the trajectories are labelled (an LLM labeller's run can take long)."""
+    import envforge.identify as ident
+    traj = _trajectories(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    labelled = []
+    monkeypatch.setattr(ident, "identify", lambda *a, **k: labelled.append(1))
+    cases = [(["--out", str(tmp_path)], f"--out {tmp_path}: is a folder"),
+             (["--out", str(blocker / "caps.json")], f"--out {blocker / 'caps.json'}: cannot make its folder"),
+             (["--labels-out", str(blocker / "l.jsonl")], "--labels-out"),
+             (["--plot", str(blocker / "p.png")], "--plot")]
+    for extra, words in cases:
+        args = ["identify", str(traj), "--out", str(tmp_path / "caps.json"), *extra]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and r.output.startswith(f"error: {words}") and _clean(r), (extra, r.output)
+    assert labelled == [] and not (tmp_path / "caps.json").exists()
+    # the plot's own write failing late is an error (exit 2), not a traceback
+    from envforge.errors import InputError
+    from envforge.identify.report import plot
+    from envforge.trajectories import load_trajectories
+    monkeypatch.undo()
+    result = ident.identify(load_trajectories(str(traj)), ident.IdentifyConfig())
+    with pytest.raises(InputError, match="cannot write the plot"):
+        plot(result, blocker / "p.png")
+
+
 def _clean(r) -> bool:
     """No traceback: the command ended through sys.exit, not an exception."""
     return r.exception is None or isinstance(r.exception, SystemExit)

@@ -314,7 +314,9 @@ def test_demo_usage_errors_exit_2(tmp_path):
     f = tmp_path / "a_file"
     f.write_text("x")
     r = CliRunner().invoke(main, ["demo", "--out", str(f)])
-    assert r.exit_code == 2 and f"--out {f} is a file; give a folder" in r.output
+    assert r.exit_code == 2 and f"--out {f}: is a file, not a folder" in r.output
+    r = CliRunner().invoke(main, ["demo", "--out", str(f / "under_a_file")])  # cannot be made
+    assert r.exit_code == 2 and r.output.startswith(f"error: --out {f / 'under_a_file'}: cannot make this folder")
     r = CliRunner().invoke(main, ["demo", "--threads", "0"])
     assert r.exit_code == 2 and "--threads" in r.output
     r = CliRunner().invoke(main, ["demo", "--device", "tpu", "--out", str(tmp_path / "o")])

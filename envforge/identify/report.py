@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from envforge.errors import InputError
 from envforge.identify.identification import Identification
 
 BY_CONSTRUCTION = ("0* : ER+ is 0 by construction: the rule compares the agent with the task's "
@@ -102,6 +103,10 @@ def plot(result: Identification, path: str | Path) -> Path | None:
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
     path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write the plot ({e.strerror})") from None
+    finally:
+        plt.close(fig)
     return path
