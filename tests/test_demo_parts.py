@@ -319,6 +319,8 @@ def test_demo_usage_errors_exit_2(tmp_path):
     assert r.exit_code == 2 and r.output.startswith(f"error: --out {f / 'under_a_file'}: cannot make this folder")
     r = CliRunner().invoke(main, ["demo", "--threads", "0"])
     assert r.exit_code == 2 and "--threads" in r.output
+    r = CliRunner().invoke(main, ["demo", "--seed", "-1", "--out", str(tmp_path / "o")])  # task seeds stay >= 0
+    assert r.exit_code == 2 and "--seed must be from 0 to 100000, got -1" in r.output
     r = CliRunner().invoke(main, ["demo", "--device", "tpu", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--device must be 'cpu', 'cuda' or 'cuda:N'" in r.output
     r = CliRunner().invoke(main, ["demo", "--size", "huge", "--out", str(tmp_path / "o")])

@@ -24,7 +24,7 @@ QUICK_ITERATIONS = 10
 @dataclass
 class DemoConfig(Settings):
     """Budgets and settings of one demo run; ``for_run`` makes the full or the ``--quick`` one."""
-    seed: int = setting(0, "Seeds every stage (model init, sampling, task draws).")
+    seed: int = setting(0, "Seeds every stage (model init, sampling, task draws).", low=0, high=100_000)
     quick: bool = setting(False, "Fewer GRPO iterations (what CI runs; the same base agent).")
     threads: int = setting(1, "torch intra-op threads (1 is fastest on a small or busy CPU).", low=1, high=256)
     device: str = setting("cpu", "Where the model learns and plays: 'cpu', 'cuda', 'cuda:1', ... (on a GPU, "
