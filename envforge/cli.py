@@ -674,6 +674,7 @@ def train(envs, model, out_dir, no_resume, jobs, **kwargs):
                          "OUT/<env slug>; give each env once")
     for slug in slugs:
         out_folder(Path(out_dir) / slug, "--out")
+    _model(model)
     if jobs > 1 and len(envs) > 1:
         if kwargs.get("executor", "local") != "local":
             raise UsageError("--jobs trains adapters in processes on this machine; with --executor ray "

@@ -295,6 +295,9 @@ def test_adapters_and_outputs_are_checked_before_any_model_loads(tmp_path):
     r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(model), "--out", str(readme)])
     assert r.exit_code == 2 and f"--out {readme / GOOD_DIR.name}: cannot make this folder" in r.output, r.output
     assert readme.read_text() == "hello"
+    # a missing model is said before training starts (one line, not after "train ... ->")
+    r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(tmp_path / "nope"), "--out", str(empty)])
+    assert r.exit_code == 2 and r.output.startswith(f"error: --model {tmp_path / 'nope'}: no such folder") and _clean(r)
 
 
 def test_an_interrupted_train_says_where_its_checkpoint_is(tmp_path):
