@@ -873,9 +873,10 @@ def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
     target tasks. Progress on stderr; a table on stdout; results.json and report.html in --out."""
     _need_train_extra()
     from envforge.demo.report import print_table
-    from envforge.demo.run import clean, run_demo
+    from envforge.demo.run import check_out, clean, run_demo
     cfg = DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
     out = out_folder(out_dir, "--out")
+    check_out(out)  # not a demo's folder: nothing in it is removed
     if fresh:  # only once the settings are known to be good: a refused run removes nothing
         clean(out)
     results = run_demo(cfg, out, progress=lambda step: click.echo(step.text, err=True))

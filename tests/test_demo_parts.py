@@ -10,6 +10,7 @@ import pytest
 
 from envforge.demo.expert import DeficitRates, draw_deficits, expert_action, task_kind
 from envforge.demo.target import PLANTED, write_target, write_target_folder
+from envforge.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +306,31 @@ def test_tokenizer_round_trips_and_an_id_is_one_token():
     # a turn marked "train": False is context only
     tokens2, mask2 = episode_tokens(policy, msgs[:2] + [dict(call, train=False)] + msgs[3:])
     assert tokens2 == tokens and sum(mask2) == sum(mask) - len(first_turn) and mask2[mask.index(1)] == 0
+
+
+def test_the_demo_never_empties_a_folder_it_did_not_write(tmp_path):
+    """--out . in a project holds its own adapters/ and capabilities.json: a demo run there (or
+    --fresh) is refused, naming them, and nothing is removed; a demo's own folder (its state
+    file) is still resumed or replaced."""
+    from click.testing import CliRunner
+
+    from envforge.cli import main
+    from envforge.demo import run
+    project = tmp_path / "project"
+    (project / "adapters" / "mine").mkdir(parents=True)
+    (project / "adapters" / "mine" / "adapter_model.safetensors").write_text("days of GPU time")
+    (project / "capabilities.json").write_text("{}")
+    for extra in ([], ["--fresh"]):
+        r = CliRunner().invoke(main, ["demo", "--out", str(project), "--quick", *extra])
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith(f"error: --out {project} holds adapters, capabilities.json but no "
+                                   f"{run.STATE}: it is not a demo's folder"), r.output
+        assert (project / "adapters" / "mine" / "adapter_model.safetensors").read_text() == "days of GPU time"
+    with pytest.raises(UsageError, match="not a demo's folder"):
+        run.check_out(project)
+    (project / run.STATE).write_text("{}")  # a demo wrote it: its outputs are its own
+    run.check_out(project)
+    run.check_out(tmp_path / "empty")  # nothing there: nothing to lose
 
 
 def test_demo_usage_errors_exit_2(tmp_path):

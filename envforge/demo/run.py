@@ -488,6 +488,7 @@ def run_demo(cfg: DemoConfig, out: str | Path, progress: Progress | None = None)
     progress = Tracker(progress)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    check_out(out)
     done = resume(out, cfg, progress)
     set_threads(cfg.threads)
     from transformers.utils import logging as hf_logging
@@ -661,7 +662,8 @@ def resume(out: Path, cfg: DemoConfig, progress: Tracker) -> dict:
     """What an earlier run of the same settings left in ``out`` to go on from: ``{stage: {"result",
     "seconds"}}`` for the finished stages it keeps (the base agent; an adapter's training resumes
     from its own checkpoint, and the cheap stages run again, deterministic). A run of other
-    settings, or one from before this state file, is removed first (``clean``)."""
+    settings is removed first (``clean``); a folder without the state file that holds what a
+    run writes was refused before (``check_out``)."""
     try:
         state = json.loads((out / STATE).read_text())
     except (OSError, ValueError):
@@ -717,6 +719,19 @@ def mark_done(out: Path, cfg: DemoConfig, done: dict, stage: str | None, result,
 OUTPUTS = ("helpdesk", "target", "practice", "base_model", "envs", "adapters", "grpo_target",
            "trajectories.jsonl", "capabilities.json", "capabilities.png", "results.json", "report.html",
            "figures", "logs")
+
+
+def check_out(out: Path) -> None:
+    """Refuse a folder that holds what a demo run writes (``OUTPUTS``: adapters/, envs/,
+    capabilities.json, ...) without the demo's state file: it is not a demo's folder, and a run
+    there would remove those (a project's own adapters, say, with ``--out .``)."""
+    if (out / STATE).exists():
+        return
+    theirs = [name for name in OUTPUTS if (out / name).exists()]
+    if theirs:
+        raise UsageError(f"--out {out} holds {', '.join(theirs[:4])}{' ...' if len(theirs) > 4 else ''} "
+                         f"but no {STATE}: it is not a demo's folder, and the demo would replace those; "
+                         "give a new or empty folder (or one an earlier demo run wrote)")
 
 
 def clean(out: Path, keep: tuple[str, ...] = ()) -> None:
