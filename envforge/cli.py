@@ -673,6 +673,10 @@ def train(envs, model, out_dir, no_resume, jobs, **kwargs):
         raise UsageError(f"ENVS name {', '.join(twice)} more than once: each adapter goes to "
                          "OUT/<env slug>; give each env once")
     for slug in slugs:
+        if (Path(out_dir) / slug / "env.py").exists():
+            raise UsageError(f"--out {out_dir}: {Path(out_dir) / slug} is an env folder (it holds env.py); "
+                             "the adapter's files would overwrite its manifest.json: give another --out "
+                             "(default: adapters)")
         out_folder(Path(out_dir) / slug, "--out")
     _model(model)
     if jobs > 1 and len(envs) > 1:

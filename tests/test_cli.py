@@ -295,6 +295,13 @@ def test_adapters_and_outputs_are_checked_before_any_model_loads(tmp_path):
     r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(model), "--out", str(readme)])
     assert r.exit_code == 2 and f"--out {readme / GOOD_DIR.name}: cannot make this folder" in r.output, r.output
     assert readme.read_text() == "hello"
+    # adapters written into the env's own folder would overwrite its manifest.json
+    envs = tmp_path / "envs"
+    shutil.copytree(GOOD_DIR, envs / GOOD_DIR.name)
+    before = (envs / GOOD_DIR.name / "manifest.json").read_bytes()
+    r = CliRunner().invoke(main, ["train", str(envs / GOOD_DIR.name), "--model", str(model), "--out", str(envs)])
+    assert r.exit_code == 2 and f"{envs / GOOD_DIR.name} is an env folder" in r.output and _clean(r), r.output
+    assert (envs / GOOD_DIR.name / "manifest.json").read_bytes() == before
     # a missing model is said before training starts (one line, not after "train ... ->")
     r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(tmp_path / "nope"), "--out", str(empty)])
     assert r.exit_code == 2 and r.output.startswith(f"error: --model {tmp_path / 'nope'}: no such folder") and _clean(r)
