@@ -129,6 +129,22 @@ def test_a_hand_written_or_edited_env_is_kept(out, audited, what):
                   *FAST).exit_code == 1
 
 
+def test_an_adapters_folder_is_not_written_over(out):
+    """synth --out adapters, where `envforge train` left an adapter under the env's slug: its
+    manifest.json is not synth's and there is no env.py; synth keeps it unless --force."""
+    folder = out / SLUG
+    folder.mkdir(parents=True)
+    adapter = {"capability": "precondition verification", "reward_curve": [0.1, 0.9]}
+    (folder / "manifest.json").write_text(json.dumps(adapter))
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    assert existing_env(folder)[0] == "foreign"
+    r = invoke("synth", "-c", "precondition verification", "-t", "example", "--out", str(out), "--json")
+    assert r.exit_code == 1 and "a manifest.json that synth did not write, and no env.py" in json.loads(r.output)["error"]
+    assert json.loads((folder / "manifest.json").read_text()) == adapter and not (folder / "env.py").exists()
+    (folder / "manifest.json").unlink()  # an empty or manifest-less folder is synth's to fill
+    assert existing_env(folder)[0] == "none"
+
+
 def test_a_rejected_env_is_replaced(out):
     cfg = SynthConfig(synthesizer="template", out_dir=out, seeds=8)
     r = synthesize("precondition verification", "example", cfg)

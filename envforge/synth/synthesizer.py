@@ -181,19 +181,21 @@ def sha256(text: str) -> str:
 
 
 def existing_env(folder: Path) -> tuple[str, dict | None]:
-    """What ``folder`` holds: ("none"|"accepted"|"rejected"|"unknown", its manifest).
+    """What ``folder`` holds: ("none"|"accepted"|"rejected"|"unknown"|"foreign", its manifest).
 
     A folder ``synth`` wrote is accepted only when its manifest says so and env.py is still the
     code it audited; anything else it wrote (rejected, failed, interrupted) may be overwritten.
     A folder from elsewhere (a hand-written env) counts as accepted when its report.json says
-    so, and as unknown (kept) when nothing says."""
+    so, and as unknown (kept) when nothing says. One without env.py whose manifest.json is not
+    synth's (an adapter's, say) is foreign (kept: writing there would replace that manifest)."""
     env = folder / "env.py"
     manifest = _read_json(folder / "manifest.json")
     manifest = manifest if isinstance(manifest, dict) else None
-    if not env.exists():
-        return "none", manifest
     ours = manifest is not None and manifest.get("synthesizer") in ("template", "openai") \
         and "attempts" in manifest
+    if not env.exists():
+        foreign = (folder / "manifest.json").exists() and not ours
+        return ("foreign" if foreign else "none"), manifest
     if ours:
         code = env.read_text(encoding="utf-8", errors="replace")
         if manifest.get("code_sha256") and manifest["code_sha256"] != sha256(code):
@@ -338,7 +340,7 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
         run.manifest["model"] = client.model
 
     state, old = existing_env(run.folder)
-    if state in ("accepted", "unknown") and not config.force:
+    if state in ("accepted", "unknown", "foreign") and not config.force:
         same = old is not None and all(old.get(k) == run.manifest[k] for k in
                                        ("capability", "target_schema_hash", "synthesizer", "model"))
         if state == "accepted" and same:
@@ -347,8 +349,9 @@ def synthesize(spec: CapabilitySpec | str, target: str | Path | Target, config: 
                             for a in old.get("attempts", []) if isinstance(a, dict)]
             run.manifest = old
             return run.result("accept", skipped=True)
-        what = ("an accepted env" if state == "accepted" else
-                "an env.py whose verdict is unknown (no report, or edited since)")
+        what = {"accepted": "an accepted env",
+                "unknown": "an env.py whose verdict is unknown (no report, or edited since)",
+                "foreign": "a manifest.json that synth did not write, and no env.py (an adapter's folder?)"}[state]
         return run.result("error", f"{run.folder} already holds {what}"
                           + (f" for {old.get('capability')!r}" if old and old.get("capability") else "")
                           + "; pass --force to overwrite it, or --out to write elsewhere")
