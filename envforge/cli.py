@@ -35,7 +35,7 @@ from envforge.errors import (ClusterError, ConfigError, EnvforgeError, SandboxUn
 from envforge.executor import ExecutorSettings, make_executor
 from envforge.gate.config import GateSettings
 from envforge.progress import Step
-from envforge.settings import default_of, field_of, flag_of
+from envforge.settings import bounds_problem, default_of, field_of, flag_of
 from envforge.synth.config import SynthConfig
 from envforge.targets import load_target
 from envforge.trajectories import load_trajectories
@@ -176,6 +176,38 @@ def out_file(path: str | Path, flag: str) -> Path:
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot make its folder {p.parent} ({e.strerror})") from None
     return p
+
+
+#: the plot formats identify draws (matplotlib's common ones)
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def _identify_outputs(inputs, out, labels_out, plot) -> None:
+    """identify's outputs, checked before the labelling (an LLM's can take long): each writable
+    (``out_file``), no two the same file (--out caps.png and its plot's default name were one),
+    none of them a trajectory file it reads, and the plot in a format matplotlib draws."""
+    named = [("--out", out)] + ([("--labels-out", labels_out)] if labels_out else []) + \
+        ([("--plot", plot)] if plot is not None else [])
+    for flag, path in named:
+        out_file(path, flag)
+    if plot is not None and Path(plot).suffix.lower() not in PLOT_FORMATS:
+        raise UsageError(f"--plot {plot}: matplotlib draws {', '.join(PLOT_FORMATS)}; give the plot such "
+                         "a name (by default it is --out's with .png)")
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        p = Path(path).resolve()
+        if p in seen:
+            why = " (the plot's default is --out with .png)" if "--plot" in (flag, seen[p]) else ""
+            raise UsageError(f"{flag} {path} is the file {seen[p]} names too{why}: give each output its own name")
+        seen[p] = flag
+    read = set()
+    for given in inputs:
+        g = Path(given)
+        read |= {f.resolve() for f in g.rglob("*") if f.is_file()} if g.is_dir() else {g.resolve()}
+    for p, flag in seen.items():
+        if p in read:
+            raise UsageError(f"{flag} {p} is one of the trajectory files identify reads: it would be "
+                             "written over; give the output another name")
 
 
 def _target(spec: str):
@@ -450,11 +482,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
     if config.labeller != "structural" and not config.model:
         raise UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
                                "serves)")
-    out_file(out, "--out")  # every output checked before the labelling (an LLM's can take long)
-    if labels_out:
-        out_file(labels_out, "--labels-out")
-    if plot_path and not no_plot:
-        out_file(plot_path, "--plot")
+    _identify_outputs(paths, out, labels_out, None if no_plot else (plot_path or Path(out).with_suffix(".png")))
     tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
     with Display("identifying", quiet=as_json) as display:
@@ -629,6 +657,14 @@ def _model(path: str) -> str:
 threads_option = option(GRPOConfig, "threads")
 
 
+def _threads(value: int | None) -> int | None:
+    """--threads of a command that builds no GRPOConfig, checked against its bounds."""
+    problem = bounds_problem(field_of(GRPOConfig, "threads").metadata, value)
+    if problem:
+        raise UsageError(f"--threads {problem}")
+    return value
+
+
 @main.command()
 @click.argument("envs", nargs=-1, required=True)
 @click.option("--model", "-m", required=True, help="Base model: a local folder (from_pretrained).")
@@ -673,10 +709,7 @@ def train(envs, model, out_dir, no_resume, jobs, **kwargs):
         raise UsageError(f"ENVS name {', '.join(twice)} more than once: each adapter goes to "
                          "OUT/<env slug>; give each env once")
     for slug in slugs:
-        if (Path(out_dir) / slug / "env.py").exists():
-            raise UsageError(f"--out {out_dir}: {Path(out_dir) / slug} is an env folder (it holds env.py); "
-                             "the adapter's files would overwrite its manifest.json: give another --out "
-                             "(default: adapters)")
+        _adapter_folder(Path(out_dir) / slug, out_dir)
         out_folder(Path(out_dir) / slug, "--out")
     _model(model)
     if jobs > 1 and len(envs) > 1:
@@ -708,6 +741,34 @@ def train(envs, model, out_dir, no_resume, jobs, **kwargs):
                        f"env seeds keyed {result.manifest['env_seeds']['key']})")
     finally:
         executor.close()
+
+
+#: what a training run writes in OUT/<slug> (peft's README.md among them)
+TRAIN_WRITES = {"checkpoint", "checkpoint.tmp", "checkpoint.old", "adapter_config.json",
+                "adapter_model.safetensors", "manifest.json", "reward_curve.png", "runs", "README.md",
+                "crash.log"}
+
+
+def _adapter_folder(folder: Path, out_dir: str) -> None:
+    """Refuse OUT/<slug> where it holds what train did not write (an env's folder, a user's files,
+    another tool's manifest.json): the adapter's files would replace them."""
+    if not folder.is_dir():
+        return
+    if (folder / "env.py").exists():
+        raise UsageError(f"--out {out_dir}: {folder} is an env folder (it holds env.py); the adapter's "
+                         "files would overwrite its manifest.json: give another --out (default: adapters)")
+    names = {p.name for p in folder.iterdir()}
+    other = sorted(names - TRAIN_WRITES)
+    manifest = folder / "manifest.json"
+    try:
+        theirs = manifest.exists() and "env_hash" not in json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        theirs = True
+    if other or theirs:
+        what = ", ".join(other[:4]) + (" ..." if len(other) > 4 else "") if other else \
+            "a manifest.json train did not write"
+        raise UsageError(f"--out {out_dir}: {folder} holds what train did not write ({what}); the "
+                         "adapter's files would replace them: give another --out (default: adapters)")
 
 
 def _train_jobs(envs, slugs, model, out_dir, no_resume, config, workers) -> None:
@@ -763,7 +824,7 @@ def calibrate(env, model, adapter, as_json, threads, **kwargs):
     _need_train_extra()
     from trainers.calibrate import calibrate as run
     from trainers.policy import load_policy, set_threads
-    set_threads(threads)
+    set_threads(_threads(threads))
     policy = load_policy(_model(model), adapter=_adapter(adapter))
     with executor_from(kwargs) as executor, Display(f"calibrating {env}", quiet=as_json) as display:
         result = run(policy, env, config, executor=executor, progress=display)
@@ -795,7 +856,7 @@ def route(model, adapters, tasks, tasks_file, threads, **kwargs):
     _need_train_extra()
     from trainers.policy import set_threads
     from trainers.router import Router
-    set_threads(threads)
+    set_threads(_threads(threads))
     router = Router.load(_model(model), adapters, examples=config.examples)
     emit_json([router.route(t).to_dict() for t in texts])
 
@@ -831,7 +892,7 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
     from trainers.evaluate import evaluate
     from trainers.policy import load_policy, set_threads
     from trainers.router import RoutedPolicy, merged_policy
-    set_threads(threads)
+    set_threads(_threads(threads))
     if adapters and merge:
         policy = merged_policy(_model(model), adapters)
     elif adapters:

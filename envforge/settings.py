@@ -46,6 +46,9 @@ def bounds_problem(meta: dict, value: Any) -> str | None:
     choices = meta.get("choices")
     if choices is not None:
         return None if value in choices else f"must be one of {', '.join(choices)}, got {value!r}"
+    parts = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in parts):
+        return f"must be a finite number, got {value!r}"
     low, high, above = meta.get("low"), meta.get("high"), meta.get("above")
     if low is None and high is None and above is None:
         return None

@@ -179,6 +179,47 @@ def test_identify_checks_its_outputs_before_any_work(tmp_path, monkeypatch):
         plot(result, blocker / "p.png")
 
 
+def test_outputs_never_overwrite_inputs_or_each_other(tmp_path):
+    """Found by a helper trying the CLI as a user: identify wrote over its own trajectories
+    (--out or --labels-out naming them), --out caps.png lost the result to the plot's default
+    name, and train replaced a user's files in OUT/<slug>. Each is refused before any work."""
+    traj = _trajectories(tmp_path)
+    before = traj.read_bytes()
+    cases = [(["--out", str(traj), "--no-plot"], "is one of the trajectory files identify reads"),
+             (["--labels-out", str(traj), "--no-plot"], "is one of the trajectory files identify reads"),
+             (["--out", str(tmp_path / "caps.png")], "is the file --out names too (the plot's default"),
+             (["--out", str(tmp_path / "c.json"), "--labels-out", str(tmp_path / "c.json")], "names too"),
+             (["--plot", str(tmp_path / "notes.txt")], "matplotlib draws .png")]
+    for extra, words in cases:
+        r = CliRunner().invoke(main, ["identify", str(traj), *extra])
+        assert r.exit_code == 2 and words in r.output and _clean(r), (extra, r.output)
+    assert traj.read_bytes() == before and not (tmp_path / "caps.png").exists()
+    mine = tmp_path / "out" / GOOD_DIR.name
+    mine.mkdir(parents=True)
+    (mine / "manifest.json").write_text('{"mine": 1}')
+    (mine / "notes.txt").write_text("keep")
+    r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "holds what train did not write (notes.txt)" in r.output and _clean(r), r.output
+    (mine / "notes.txt").unlink()
+    r = CliRunner().invoke(main, ["train", str(GOOD_DIR), "--model", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "a manifest.json train did not write" in r.output, r.output
+    assert (mine / "manifest.json").read_text() == '{"mine": 1}'
+
+
+@pytest.mark.parametrize("args, words", [
+    (["eval", "x", "-m", "m", "--threads", "-2"], "--threads must be from 1 to 256, got -2"),
+    (["calibrate", "x", "-m", "m", "--threads", "0"], "--threads must be from 1 to 256, got 0"),
+    (["route", "-m", "m", "-a", "a", "--task", "t", "--threads", "-1"], "--threads must be from 1 to 256"),
+    (["eval", str(GOOD_DIR), "-m", "m", "--seeds", "0-99999999999"], "at most 100,000"),
+    (["identify", "x.jsonl", "--success-threshold", "nan"], "must be a finite number, got nan"),
+    (["identify", "x.jsonl", "--runs", "99999999999"], "--runs must be from 1 to 10000"),
+    (["calibrate", "x", "-m", "m", "--groups", "99999999999999"], "--groups must be from 1 to 100000"),
+])
+def test_numbers_that_would_crash_or_hang_are_usage_errors(args, words):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and words in r.output and _clean(r), r.output
+
+
 def _clean(r) -> bool:
     """No traceback: the command ended through sys.exit, not an exception."""
     return r.exception is None or isinstance(r.exception, SystemExit)
@@ -195,7 +236,7 @@ def _clean(r) -> bool:
     (["train", "x", "-m", "m", "--rank", "0"], "--rank must be at least 1, got 0"),
     (["train", "x", "-m", "m", "--groups", "0"], "--groups must be at least 1, got 0"),
     (["train", "x", "-m", "m", "--kl", "-1"], "--kl must be at least 0, got -1.0"),
-    (["calibrate", "x", "-m", "m", "--groups", "0"], "--groups must be at least 1, got 0"),
+    (["calibrate", "x", "-m", "m", "--groups", "0"], "--groups must be from 1 to 100000, got 0"),
     (["route", "-m", "m", "-a", "a", "--task", "t", "--examples", "11"], "--examples must be from 0 to 10, got 11"),
     (["eval", "x", "-m", "m", "--temperature", "-1"], "--temperature must be at least 0, got -1.0"),
 ])

@@ -723,7 +723,7 @@ def test_cli_errors(tmp_path):
     assert r.exit_code == 2 and "none.json: no such file or directory" in r.output
     src = _write_run(tmp_path)
     r = CliRunner().invoke(main, ["identify", str(src), "--runs", "0"])
-    assert r.exit_code == 2 and "error: --runs must be at least 1, got 0" in r.output
+    assert r.exit_code == 2 and "error: --runs must be from 1 to 10000, got 0" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--min-runs", "11"])
     assert r.exit_code == 2 and "error: --min-runs must be from 1 to runs (10), got 11" in r.output
     r = CliRunner().invoke(main, ["identify", str(src), "--labeler", "llm"])

@@ -27,7 +27,7 @@ class Toy(Settings):
     ({"count": "3"}, "Toy.count must be a number, got '3'"),
     ({"count": True}, "Toy.count must be a number, got True"),
     ({"share": 0}, "Toy.share must be greater than 0, got 0"),
-    ({"share": float("nan")}, "Toy.share must be a number, got nan"),
+    ({"share": float("nan")}, "Toy.share must be a finite number, got nan"),
     ({"mode": "c"}, "Toy.mode must be one of a, b, got 'c'"),
     ({"cap": 0}, "Toy.cap must be at least 1, got 0"),
     ({"mode": "b"}, "Toy.cap must be set when mode is b"),

@@ -10,7 +10,7 @@ from sandbox.base import BACKENDS
 @dataclass
 class CalibrationConfig(Settings):
     """Settings of one calibration run."""
-    groups: int = setting(8, "Env seeds (groups of rollouts).", low=1)
+    groups: int = setting(8, "Env seeds (groups of rollouts).", low=1, high=100_000)
     group_size: int = setting(16, "Rollouts per seed (paper and official code: 16).", low=2)
     max_new_tokens: int = setting(256, "Most tokens the policy samples per turn.", low=1)
     temperature: float = setting(1.0, "Sampling temperature (0: greedy; every group is constant).",

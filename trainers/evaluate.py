@@ -66,12 +66,19 @@ def read_task_texts(path: str | Path) -> list[str]:
     return texts
 
 
+#: the most env seeds one --seeds names
+MAX_SEEDS = 100_000
+
+
 def parse_seeds(text: str) -> list[int]:
     """Env seeds from 'A-B' (inclusive, A <= B) or 'a,b,c'."""
     ids: list[int] = []
     try:
         if "-" in text and "," not in text:
             a, b = text.split("-")
+            if int(b) - int(a) + 1 > MAX_SEEDS:
+                raise UsageError(f"--seeds {text!r}: {int(b) - int(a) + 1:,} seeds; at most {MAX_SEEDS:,} "
+                                 "(each is an episode: 200 give a CI of about +-0.07)")
             ids = list(range(int(a), int(b) + 1))
         else:
             ids = [int(s) for s in text.split(",")]

@@ -28,7 +28,7 @@ class IdentifyConfig(Settings):
                             "confirmed or corrected by the model.", choices=LABELLERS)
     delta: float = setting(0.20, "Minimum gap ER- - ER+ (paper: 0.20).", low=0, high=1)
     rho: float = setting(0.10, "Minimum coverage (paper: 0.10).", low=0, high=1)
-    runs: int = setting(10, "N bootstrap runs (paper, official code: 10).", low=1)
+    runs: int = setting(10, "N bootstrap runs (paper, official code: 10).", low=1, high=10_000)
     min_runs: int | None = setting(None, "K: runs a capability must be kept in (default 80% of "
                                    "--runs rounded up: 8 of 10, 1 of 1).", low=1)
     min_group: int = setting(5, "Fewer successes or failures than this: retain nothing and warn "

@@ -107,6 +107,8 @@ def plot(result: Identification, path: str | Path) -> Path | None:
         fig.savefig(path)
     except OSError as e:
         raise InputError(f"{path}: cannot write the plot ({e.strerror})") from None
+    except ValueError as e:  # a format matplotlib does not draw
+        raise InputError(f"{path}: cannot draw the plot in this format ({e}); give a .png name") from None
     finally:
         plt.close(fig)
     return path
