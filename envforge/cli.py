@@ -649,7 +649,8 @@ def _adapter(path: str | None, flag: str = "--adapter") -> str | None:
 
 def _model(path: str) -> str:
     if not Path(path).is_dir():
-        raise UsageError(f"--model {path}: no such folder; give a local model folder "
+        what = "is a file, not a folder" if Path(path).exists() else "no such folder"
+        raise UsageError(f"--model {path}: {what}; give a local model folder "
                          "(from_pretrained: config.json, weights, tokenizer)")
     return path
 
@@ -885,6 +886,9 @@ def eval_(env, model, adapter, adapters, merge, seeds, tasks_file, as_json, thre
         raise UsageError("--merge needs --adapters (the folder of adapters to merge)")
     if not tasks_file and not env:
         raise UsageError("give ENV or --tasks FILE")
+    if tasks_file and env:
+        raise UsageError(f"give ENV or --tasks FILE, not both (--tasks names each task's env; {env} "
+                         "would be ignored)")
     config = settings(EvalConfig, kwargs)
     tasks = read_tasks(tasks_file) if tasks_file else [{"env": env, "seed": s} for s in parse_seeds(seeds)]
     _adapter(adapter)

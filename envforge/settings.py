@@ -39,6 +39,11 @@ def setting(default: Any = MISSING, help: str = "", *, low: float | None = None,
     return dataclasses.field(default=default, metadata=meta)
 
 
+def _num(x: float) -> str:
+    """A bound as a person reads it: an integer whole (2**63 - 1, not 9.22337e+18), else ``:g``."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def bounds_problem(meta: dict, value: Any) -> str | None:
     """What is wrong with VALUE for a field with this metadata (None: nothing)."""
     if value is None and meta.get("optional"):
@@ -55,13 +60,13 @@ def bounds_problem(meta: dict, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return f"must be a number, got {value!r}"
     if above is not None and not value > above:
-        return f"must be greater than {above:g}, got {value!r}"
+        return f"must be greater than {_num(above)}, got {value!r}"
     if low is not None and high is not None and not low <= value <= high:
-        return f"must be from {low:g} to {high:g}, got {value!r}"
+        return f"must be from {_num(low)} to {_num(high)}, got {value!r}"
     if low is not None and value < low:
-        return f"must be at least {low:g}, got {value!r}"
+        return f"must be at least {_num(low)}, got {value!r}"
     if high is not None and value > high:
-        return f"must be at most {high:g}, got {value!r}"
+        return f"must be at most {_num(high)}, got {value!r}"
     return None
 
 

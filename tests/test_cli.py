@@ -214,6 +214,9 @@ def test_outputs_never_overwrite_inputs_or_each_other(tmp_path):
     (["identify", "x.jsonl", "--success-threshold", "nan"], "must be a finite number, got nan"),
     (["identify", "x.jsonl", "--runs", "99999999999"], "--runs must be from 1 to 10000"),
     (["calibrate", "x", "-m", "m", "--groups", "99999999999999"], "--groups must be from 1 to 100000"),
+    (["audit", str(GOOD_DIR), "--probe-seed", "-1"], "--probe-seed must be from 0 to 9223372036854775807, got -1"),
+    (["eval", str(GOOD_DIR), "--tasks", "t.json", "-m", "m"], "give ENV or --tasks FILE, not both"),
+    (["train", str(GOOD_DIR), "-m", __file__], f"--model {__file__}: is a file, not a folder"),
 ])
 def test_numbers_that_would_crash_or_hang_are_usage_errors(args, words):
     r = CliRunner().invoke(main, args)

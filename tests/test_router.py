@@ -91,6 +91,11 @@ def test_find_adapters_says_what_is_missing(tmp_path):
     from envforge.errors import InputError
     with pytest.raises(InputError, match="no adapters in"):
         find_adapters(tmp_path)
+    with pytest.raises(InputError, match="nope: no such folder"):
+        find_adapters(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        find_adapters(tmp_path / "file")
 
 
 def test_merged_policy_applies_the_mean_of_the_adapters_changes(hermes_dir, tmp_path):

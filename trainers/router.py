@@ -56,6 +56,9 @@ class AdapterInfo:
 def find_adapters(folder: str | Path) -> list[AdapterInfo]:
     """Adapters in ``folder`` (itself one, or its sub-folders), sorted by name."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: {'is a file, not a' if folder.exists() else 'no such'} folder; give the "
+                         "folder `envforge train --out` wrote (adapters/ by default)")
     dirs = [folder] if (folder / "adapter_config.json").is_file() else sorted(
         d for d in folder.iterdir() if (d / "adapter_config.json").is_file()) if folder.is_dir() else []
     if not dirs:
