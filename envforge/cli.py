@@ -482,7 +482,8 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
     if config.labeller != "structural" and not config.model:
         raise UsageError(f"--labeler {config.labeller} needs --model (the model your endpoint "
                                "serves)")
-    _identify_outputs(paths, out, labels_out, None if no_plot else (plot_path or Path(out).with_suffix(".png")))
+    plot_path = None if no_plot else (plot_path or Path(out).with_suffix(".png"))
+    _identify_outputs(paths, out, labels_out, plot_path)
     tgt = _target(target) if target else None
     trajectories = load_trajectories(paths, format=fmt, success_threshold=config.success_threshold)
     with Display("identifying", quiet=as_json) as display:
@@ -495,7 +496,7 @@ def identify(paths, fmt, target, out, labels_out, plot_path, no_plot, as_json, *
         click.echo(f"warning: {w}", err=True)
     drawn = None
     if not no_plot:
-        drawn = report.plot(result, plot_path or Path(out).with_suffix(".png"))
+        drawn = report.plot(result, plot_path)
         if drawn is None:
             click.echo("warning: matplotlib is not installed; no plot drawn (pip install matplotlib)",
                        err=True)
@@ -945,8 +946,8 @@ def demo(seed, out_dir, quick, threads, device, size, backend, fresh, as_json):
     from envforge.demo.run import check_out, clean, run_demo
     cfg = DemoConfig.for_run(seed=seed, quick=quick, threads=threads, device=device, size=size, backend=backend)
     out = out_folder(out_dir, "--out")
-    check_out(out)  # not a demo's folder: nothing in it is removed
-    if fresh:  # only once the settings are known to be good: a refused run removes nothing
+    if fresh:  # only once the settings are known to be good, and only a demo's folder (run_demo checks too)
+        check_out(out)
         clean(out)
     results = run_demo(cfg, out, progress=lambda step: click.echo(step.text, err=True))
     if as_json:

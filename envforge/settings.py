@@ -57,7 +57,7 @@ def bounds_problem(meta: dict, value: Any) -> str | None:
     low, high, above = meta.get("low"), meta.get("high"), meta.get("above")
     if low is None and high is None and above is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"must be a number, got {value!r}"
     if above is not None and not value > above:
         return f"must be greater than {_num(above)}, got {value!r}"

@@ -75,11 +75,11 @@ def parse_seeds(text: str) -> list[int]:
     ids: list[int] = []
     try:
         if "-" in text and "," not in text:
-            a, b = text.split("-")
-            if int(b) - int(a) + 1 > MAX_SEEDS:
-                raise UsageError(f"--seeds {text!r}: {int(b) - int(a) + 1:,} seeds; at most {MAX_SEEDS:,} "
+            a, b = (int(s) for s in text.split("-"))
+            if b - a + 1 > MAX_SEEDS:
+                raise UsageError(f"--seeds {text!r}: {b - a + 1:,} seeds; at most {MAX_SEEDS:,} "
                                  "(each is an episode: 200 give a CI of about +-0.07)")
-            ids = list(range(int(a), int(b) + 1))
+            ids = list(range(a, b + 1))
         else:
             ids = [int(s) for s in text.split(",")]
     except ValueError:

@@ -60,7 +60,7 @@ def find_adapters(folder: str | Path) -> list[AdapterInfo]:
         raise InputError(f"{folder}: {'is a file, not a' if folder.exists() else 'no such'} folder; give the "
                          "folder `envforge train --out` wrote (adapters/ by default)")
     dirs = [folder] if (folder / "adapter_config.json").is_file() else sorted(
-        d for d in folder.iterdir() if (d / "adapter_config.json").is_file()) if folder.is_dir() else []
+        d for d in folder.iterdir() if (d / "adapter_config.json").is_file())
     if not dirs:
         raise InputError(f"no adapters in {folder}: want folders with adapter_config.json and "
                          "manifest.json, as `envforge train --out` writes")
